@@ -1,0 +1,103 @@
+"""The ingest flow: raw log bundle -> lake tables -> DuckDB catalog -> validation gate."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from transforms.catalog import refresh_catalog
+from transforms.config import IngestSettings
+from transforms.ingest import IngestResult, ingest_bundle
+from transforms.lake import table_files
+from transforms.readers import bundle_fingerprint
+
+RUNS = "_runs"
+
+
+def manifest_path(lake: str | Path) -> Path:
+    return Path(lake) / RUNS / "ingest" / "latest.json"
+
+
+@task(name="fingerprint-bundle", cache_policy=NO_CACHE)
+def fingerprint(raw: str) -> str:
+    return bundle_fingerprint(raw)
+
+
+@task(name="ingest-tables", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def ingest_tables(raw: str, lake: str, settings: IngestSettings) -> dict:
+    result = ingest_bundle(
+        raw, lake, settings, progress=lambda phase: get_run_logger().info("ingest: %s", phase)
+    )
+    return result.to_json()
+
+
+@task(name="refresh-catalog", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def catalog(lake: str) -> str:
+    return str(refresh_catalog(lake))
+
+
+@task(name="record-run", cache_policy=NO_CACHE)
+def record_run(lake: str, summary: dict, bundle: str) -> str:
+    """Persist the run summary (with the bundle fingerprint) beside the lake."""
+    summary = {**summary, "fingerprint": bundle, "finished_at": datetime.now(UTC).isoformat()}
+    folder = manifest_path(lake).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    stamped = folder / f"{summary['finished_at'].replace(':', '-')}.json"
+    stamped.write_text(json.dumps(summary, indent=2))
+    manifest_path(lake).write_text(json.dumps(summary, indent=2))
+    create_markdown_artifact(
+        key="ingest-summary", markdown=summary_markdown(summary), description=f"ingest of {summary['raw']}"
+    )
+    return str(stamped)
+
+
+def summary_markdown(summary: dict) -> str:
+    columns = ("rows_in", "rows_out", "quarantined", "duplicates", "flagged")
+    rows = "\n".join(
+        f"| {t} | " + " | ".join(str(c[k]) for k in columns) + " |" for t, c in summary["counts"].items()
+    )
+    reasons = "\n".join(f"| {r} | {n} |" for r, n in summary["quarantine_by_reason"].items()) or "| – | 0 |"
+    return (
+        f"# Ingest of `{summary['raw']}`\n\nLake: `{summary['lake']}`\n\n"
+        "| table | rows in | rows out | quarantined | duplicates merged | flagged (kept) |\n"
+        f"|---|---|---|---|---|---|\n{rows}\n\n| quarantine reason | rows |\n|---|---|\n{reasons}\n"
+    )
+
+
+def unchanged(lake: str, bundle: str, settings: IngestSettings) -> dict | None:
+    """The previous summary when the same bundle was already ingested with the same settings."""
+    path = manifest_path(lake)
+    if not path.exists() or not table_files(lake, "steps"):
+        return None
+    previous = json.loads(path.read_text())
+    same_settings = previous.get("settings") == json.loads(settings.model_dump_json(exclude={"rekey_key"}))
+    return previous if previous.get("fingerprint") == bundle and same_settings else None
+
+
+@flow(name="ingest")
+def ingest_flow(raw: str, lake: str, settings: IngestSettings | None = None, force: bool = False) -> dict:
+    """Raw bundle -> steps, sessions, feed_layouts, items, profiles, history, quarantine; a no-op when
+    the same bundle was already ingested with the same settings (``force`` re-runs)."""
+    settings = settings or IngestSettings()
+    bundle = fingerprint(raw)
+    previous = None if force else unchanged(lake, bundle, settings)
+    if previous is not None:
+        get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
+        return {**previous, "skipped": True}
+    summary = ingest_tables(raw, lake, settings)
+    catalog(lake)
+    record_run(lake, summary, bundle)
+    return {**summary, "skipped": False}
+
+
+def as_result(summary: dict) -> IngestResult:
+    from transforms.ingest import TableCount
+
+    fields = {k: v for k, v in summary.items() if k in IngestResult.__dataclass_fields__}
+    fields["counts"] = {t: TableCount(**c) for t, c in summary["counts"].items()}
+    return IngestResult(**fields)

@@ -1,0 +1,516 @@
+"""Step alignment: raw events, feeds, catalog and profiles become lake tables.
+
+Pure functions over Polars frames. Every check is a step that splits a frame
+into rows that go on and rows that leave with a reason code; checks that
+depend on the sequence (what is on screen, which detail page is open) run
+after the row-level ones, on the rows that survived them.
+
+Ordering: events of a page view are ordered by ``ts``, ties broken by source
+order (part file name, then row). A tie is flagged ``duplicate_timestamp`` and
+an event whose ``ts`` is earlier than one before it in the source is flagged
+``out_of_order_timestamp``; both are kept (re-ordered by time), the flags are
+quarantine rows with ``kept = true``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from transforms.config import Geometry
+from transforms.readers import Pseudonymize, empty_rejects, reject_rows
+from transforms.schemas import ACTION_GROUPS, ACTIONS, FEED_ACTIONS, IPV_ACTIONS, PROFILE_FIELDS, SCREENS
+
+CARD_KEY_SPAN = 1 << 40  # page-view stride in the global sorted card-midpoint key
+
+
+@dataclass
+class Checked:
+    """Rows that passed, rows quarantined, and exact duplicates merged."""
+
+    rows: pl.DataFrame
+    rejects: list[pl.DataFrame] = field(default_factory=list)
+    duplicates: int = 0
+    flags: list[pl.DataFrame] = field(default_factory=list)
+
+
+def split_by_reason(
+    frame: pl.DataFrame,
+    reason: pl.Expr,
+    table: str,
+    detail: pl.Expr | None = None,
+    pseudonymize: Pseudonymize | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Rows where ``reason`` is null go on; the others become quarantine rows."""
+    detail = detail if detail is not None else pl.lit(None, dtype=pl.String)
+    tagged = frame.with_columns(reason.alias("_reason"), detail.alias("_detail"))
+    bad = tagged.filter(pl.col("_reason").is_not_null())
+    good = tagged.filter(pl.col("_reason").is_null()).drop("_reason", "_detail")
+    if bad.height == 0:
+        return good, empty_rejects()
+    data = bad.drop([c for c in bad.columns if c.startswith("_") and c not in ("_file", "_row")])
+    return good, reject_rows(table, data, bad["_reason"], bad["_detail"], pseudonymize)
+
+
+def dedupe(
+    frame: pl.DataFrame, keys: list[str], table: str, reason: str, pseudonymize: Pseudonymize | None = None
+) -> Checked:
+    """Merge exact duplicate rows (counted); later rows that reuse a key with other values are rejected."""
+    data = [c for c in frame.columns if not c.startswith("_")]
+    ordered = frame.sort("_file", "_row")
+    exact = ordered.unique(subset=data, keep="first", maintain_order=True)
+    first = pl.int_range(pl.len()).over(keys) == 0
+    kept, rejects = split_by_reason(
+        exact,
+        pl.when(~first).then(pl.lit(reason)),
+        table,
+        pl.lit(f"another row has the same {', '.join(keys)} with different values"),
+        pseudonymize,
+    )
+    return Checked(kept, [rejects], frame.height - exact.height)
+
+
+# --- catalog, profiles, feeds ------------------------------------------------
+
+
+def check_items(items: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
+    checked = dedupe(items, ["item_id"], "items", "duplicate_item_id", pseudonymize)
+    price = pl.col("price")
+    rows, bad = split_by_reason(
+        checked.rows,
+        pl.when(price.is_nan() | price.is_infinite() | (price <= 0)).then(pl.lit("invalid_price")),
+        "items",
+        pl.lit("price must be a finite number > 0"),
+        pseudonymize,
+    )
+    checked.rows, checked.rejects = rows, [*checked.rejects, bad]
+    return checked
+
+
+def check_profiles(profiles: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
+    return dedupe(profiles, ["user_id"], "profiles", "duplicate_profile", pseudonymize)
+
+
+def check_feeds(feeds: pl.DataFrame, item_ids: pl.Series, pseudonymize: Pseudonymize) -> Checked:
+    checked = dedupe(feeds, ["page_view_id", "item_id"], "feeds", "duplicate_feed_card", pseudonymize)
+    reason = (
+        pl.when(~pl.col("item_id").is_in(item_ids.implode()))
+        .then(pl.lit("item_not_in_catalog"))
+        .when(
+            (pl.col("width") <= 0)
+            | (pl.col("height") <= 0)
+            | (pl.col("x") < 0)
+            | (pl.col("y") < 0)
+            | (pl.col("feed_height") < pl.col("y") + pl.col("height"))
+        )
+        .then(pl.lit("invalid_geometry"))
+    )
+    rows, bad = split_by_reason(checked.rows, reason, "feeds", None, pseudonymize)
+    checked.rows, checked.rejects = rows, [*checked.rejects, bad]
+    return checked
+
+
+def layouts(feeds: pl.DataFrame) -> pl.DataFrame:
+    """Card geometry per page view; rank is reading order (top to bottom, left to right)."""
+    return feeds.sort("page_view_id", "y", "x").with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int32).over("page_view_id").alias("rank"),
+        pl.col("feed_height").max().over("page_view_id").alias("feed_height"),
+    )
+
+
+# --- events: row-level checks --------------------------------------------------
+
+
+def row_checks(
+    events: pl.DataFrame,
+    *,
+    item_ids: pl.Series,
+    feed_views: pl.Series,
+    action_map: dict[str, str],
+    max_ts: pl.Expr,
+    pseudonymize: Pseudonymize,
+) -> Checked:
+    """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership."""
+    events = events.with_columns(pl.col("action").replace(action_map) if action_map else pl.col("action"))
+    checked = dedupe(events, ["event_id"], "events", "duplicate_event_id", pseudonymize)
+    action, screen = pl.col("action"), pl.col("screen")
+    needs_item = action.eq("click") | screen.eq("ipv")
+    owner = pl.col("user_id").sort_by("ts", "_file", "_row").first().over("page_view_id")
+    reason = (
+        pl.when(~action.is_in(ACTIONS))
+        .then(pl.lit("unknown_action"))
+        .when(~screen.is_in(SCREENS))
+        .then(pl.lit("unknown_screen"))
+        .when(
+            (screen.eq("feed") & ~action.is_in(FEED_ACTIONS))
+            | (screen.eq("ipv") & ~action.is_in(IPV_ACTIONS))
+        )
+        .then(pl.lit("illegal_action_on_screen"))
+        .when(pl.col("ts") > max_ts)
+        .then(pl.lit("future_timestamp"))
+        .when((pl.col("scroll_top") < 0) | (pl.col("ipv_scroll") < 0))
+        .then(pl.lit("negative_offset"))
+        .when(pl.col("user_id") != owner)
+        .then(pl.lit("page_view_user_conflict"))
+        .when(needs_item & pl.col("item_id").is_not_null() & ~pl.col("item_id").is_in(item_ids.implode()))
+        .then(pl.lit("item_not_in_catalog"))
+        .when(action.eq("click") & pl.col("item_id").is_null())
+        .then(pl.lit("missing_click_target"))
+        .when(~pl.col("page_view_id").is_in(feed_views.implode()))
+        .then(pl.lit("missing_feed_layout"))
+        .when(screen.eq("feed") & pl.col("scroll_top").is_null())
+        .then(pl.lit("missing_required_field"))
+    )
+    detail = (
+        pl.when(~action.is_in(ACTIONS))
+        .then(pl.concat_str(pl.lit("action not in the 13-action vocabulary: "), action.str.slice(0, 40)))
+        .when(screen.eq("feed") & pl.col("scroll_top").is_null() & action.is_in(ACTIONS))
+        .then(pl.lit("required field is null: scroll_top (feed events)"))
+    )
+    rows, bad = split_by_reason(checked.rows, reason, "events", detail, pseudonymize)
+    checked.rows, checked.rejects = rows, [*checked.rejects, bad]
+    return checked
+
+
+def order_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Sort each page view by (ts, source order); flag ties and out-of-order rows (kept)."""
+    source = events.sort("_file", "_row").with_columns(
+        (pl.col("ts") < pl.col("ts").cum_max().shift(1).over("page_view_id")).fill_null(False).alias("_late")
+    )
+    ordered = source.with_columns(pl.int_range(pl.len()).alias("_source_order")).sort(
+        "page_view_id", "ts", "_source_order"
+    )
+    ordered = ordered.with_columns(
+        (pl.col("ts") == pl.col("ts").shift(1).over("page_view_id")).fill_null(False).alias("_tie")
+    )
+    flag = (
+        pl.when(pl.col("_late"))
+        .then(pl.lit("out_of_order_timestamp"))
+        .when(pl.col("_tie"))
+        .then(pl.lit("duplicate_timestamp"))
+    )
+    flagged = ordered.filter(flag.is_not_null())
+    flags = (
+        reject_rows(
+            "events",
+            flagged.drop("_late", "_tie", "_source_order"),
+            flagged.select(flag).to_series(),
+            flagged.select(
+                pl.when(pl.col("_late"))
+                .then(pl.lit("kept, re-ordered by ts (ties by source order)"))
+                .otherwise(pl.lit("kept, tie broken by source order"))
+            ).to_series(),
+            pseudonymize,
+        )
+        if flagged.height
+        else empty_rejects()
+    )
+    return ordered.drop("_late", "_tie", "_source_order"), flags
+
+
+# --- events: sequence checks ---------------------------------------------------
+
+
+def drop_after_end(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Anything after a page view's first ``end`` is not part of the session."""
+    ended_before = (
+        (pl.col("action") == "end").cast(pl.Int32).cum_sum().shift(1).over("page_view_id").fill_null(0)
+    )
+    return split_by_reason(
+        events,
+        pl.when(ended_before > 0).then(pl.lit("event_after_end")),
+        "events",
+        pl.lit("the session already ended"),
+        pseudonymize,
+    )
+
+
+def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry) -> pl.DataFrame:
+    """``visible_items`` (reading order) for feed events, from the layout and ``scroll_top``.
+
+    A card is visible when >= ``visible_fraction`` of its height lies in the
+    viewport; such a card always has its midpoint in the viewport, so the
+    candidates are one contiguous range of cards sorted by midpoint, found by
+    binary search instead of a page-view x card cross join.
+    """
+    view = geometry.feed_viewport
+    views = cards.select(pl.col("page_view_id").unique().sort()).with_row_index("_pv")
+    cards = (
+        cards.join(views, on="page_view_id")
+        .with_columns(
+            (pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN + 2 * pl.col("y") + pl.col("height")).alias("_key")
+        )
+        .sort("_key")
+    )
+    feed = (
+        events.filter(pl.col("screen") == "feed")
+        .select("_eid", "page_view_id", "scroll_top")
+        .join(views, on="page_view_id")
+        .with_columns((pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN).alias("_base"))
+    )
+    keys = cards["_key"]
+    lo = keys.search_sorted(feed["_base"] + 2 * feed["scroll_top"].cast(pl.Int64), side="left")
+    hi = keys.search_sorted(feed["_base"] + 2 * (feed["scroll_top"].cast(pl.Int64) + view), side="right")
+    candidates = (
+        feed.with_columns(pl.int_ranges(lo, hi).alias("_card"))
+        .explode("_card")
+        .drop_nulls("_card")
+        .join(cards.with_row_index("_card").with_columns(pl.col("_card").cast(pl.Int64)), on="_card")
+    )
+    top, bottom = pl.col("scroll_top"), pl.col("scroll_top") + view
+    shown = pl.min_horizontal(pl.col("y") + pl.col("height"), bottom) - pl.max_horizontal(pl.col("y"), top)
+    visible = (
+        candidates.filter(shown >= geometry.visible_fraction * pl.col("height"))
+        .sort("_eid", "rank")
+        .group_by("_eid", maintain_order=True)
+        .agg(pl.col("item_id").alias("_visible"))
+    )
+    return (
+        feed.select("_eid")
+        .join(visible, on="_eid", how="left")
+        .with_columns(pl.col("_visible").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+    )
+
+
+def screen_checks(
+    events: pl.DataFrame,
+    layout: pl.DataFrame,
+    items: pl.DataFrame,
+    geometry: Geometry,
+    pseudonymize: Pseudonymize,
+) -> Checked:
+    """What was on screen: visible cards, click targets, scroll legality, open detail page."""
+    events = events.with_row_index("_eid")
+    visible = visible_cards(events, layout, geometry)
+    heights = layout.group_by("page_view_id").agg(pl.col("feed_height").max().alias("_feed_height"))
+    events = (
+        events.join(visible, on="_eid", how="left")
+        .join(heights, on="page_view_id", how="left")
+        .with_columns(
+            pl.when(pl.col("visible_items").is_not_null())
+            .then(pl.col("visible_items"))
+            .otherwise(pl.col("_visible"))
+            .alias("visible_items"),
+            pl.when(pl.col("screen") != "feed")
+            .then(None)
+            .when(pl.col("visible_items").is_not_null())
+            .then(pl.lit("logged"))
+            .otherwise(pl.lit("layout"))
+            .alias("visible_source"),
+        )
+        .sort("_eid")
+    )
+    checked = Checked(events)
+    for step in (_feed_legality, _detail_page_legality):
+        rows, bad = step(checked.rows, items, geometry, pseudonymize)
+        checked.rows, checked.rejects = rows, [*checked.rejects, bad]
+    return checked
+
+
+def _scroll_distance() -> pl.Expr:
+    """Logged |scroll_delta|, else the move between this and the next offset on the same screen."""
+    nxt = pl.when(pl.col("screen") == "feed").then(pl.col("scroll_top")).otherwise(pl.col("ipv_scroll"))
+    moved = (nxt.shift(-1).over("page_view_id") - nxt).abs()
+    same_screen = pl.col("screen").shift(-1).over("page_view_id") == pl.col("screen")
+    return pl.coalesce(pl.col("scroll_delta").abs(), pl.when(same_screen).then(moved)).cast(pl.Int32)
+
+
+def _feed_legality(
+    events: pl.DataFrame, items: pl.DataFrame, geometry: Geometry, pseudonymize: Pseudonymize
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    action, top = pl.col("action"), pl.col("scroll_top")
+    max_offset = pl.max_horizontal(pl.col("_feed_height") - geometry.feed_viewport, pl.lit(0))
+    events = events.with_columns(
+        pl.when(action.is_in(["scroll_down", "scroll_up", "ipv_scroll_down", "ipv_scroll_up"]))
+        .then(_scroll_distance())
+        .alias("distance")
+    )
+    limit = (
+        pl.when(action.str.starts_with("ipv_"))
+        .then(geometry.max_ipv_scroll)
+        .otherwise(geometry.max_feed_scroll)
+    )
+    is_scroll = pl.col("distance").is_not_null() | action.str.contains("scroll")
+    reason = (
+        pl.when(action.eq("click") & ~pl.col("visible_items").list.contains(pl.col("item_id")))
+        .then(pl.lit("click_target_not_visible"))
+        .when(action.eq("scroll_up") & (top <= 0))
+        .then(pl.lit("illegal_in_state"))
+        .when(action.eq("scroll_down") & (top >= max_offset))
+        .then(pl.lit("illegal_in_state"))
+        .when(action.eq("ipv_scroll_up") & (pl.col("ipv_scroll") <= 0))
+        .then(pl.lit("illegal_in_state"))
+        .when(is_scroll & pl.col("distance").is_null())
+        .then(pl.lit("missing_scroll_distance"))
+        .when(is_scroll & ((pl.col("distance") < 1) | (pl.col("distance") > limit)))
+        .then(pl.lit("scroll_distance_out_of_range"))
+    )
+    detail = (
+        pl.when(action.eq("scroll_up") & (top <= 0))
+        .then(pl.lit("scroll_up at the top of the feed"))
+        .when(action.eq("scroll_down") & (top >= max_offset))
+        .then(pl.lit("scroll_down at the bottom of the feed"))
+        .when(action.eq("ipv_scroll_up") & (pl.col("ipv_scroll") <= 0))
+        .then(pl.lit("ipv_scroll_up at the top of the detail page"))
+    )
+    return split_by_reason(events, reason, "events", detail, pseudonymize)
+
+
+def _detail_page_legality(
+    events: pl.DataFrame, items: pl.DataFrame, geometry: Geometry, pseudonymize: Pseudonymize
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The detail page open at each ipv step is the last click not followed by a return to the feed."""
+    closed = "\x00closed"
+    setter = (
+        pl.when(pl.col("action") == "click")
+        .then(pl.col("item_id"))
+        .when((pl.col("screen") == "feed") | (pl.col("action") == "back_home"))
+        .then(pl.lit(closed))
+    )
+    open_before = setter.shift(1).forward_fill().over("page_view_id")
+    review_counts = items.select("item_id", pl.col("reviews").list.len().alias("_reviews"))
+    events = (
+        events.with_columns(
+            pl.when(pl.col("screen") == "ipv")
+            .then(pl.when(open_before != closed).then(open_before))
+            .alias("_open"),
+            pl.when(pl.col("screen") == "ipv")
+            .then(pl.col("scroll_top").forward_fill().over("page_view_id"))
+            .otherwise(pl.col("scroll_top"))
+            .alias("scroll_top"),
+        )
+        .join(review_counts.rename({"item_id": "_open"}), on="_open", how="left")
+        .sort("_eid")
+    )
+    ipv = pl.col("screen") == "ipv"
+    reason = (
+        pl.when(ipv & pl.col("_open").is_null())
+        .then(pl.lit("ipv_without_open_item"))
+        .when(ipv & pl.col("item_id").is_not_null() & (pl.col("item_id") != pl.col("_open")))
+        .then(pl.lit("ipv_item_mismatch"))
+        .when(
+            (pl.col("action") == "ipv_click_comment")
+            & (
+                pl.col("review_index").is_null()
+                | (pl.col("review_index") < 0)
+                | (pl.col("review_index") >= pl.col("_reviews").fill_null(0))
+            )
+        )
+        .then(pl.lit("review_not_found"))
+    )
+    return split_by_reason(events, reason, "events", None, pseudonymize)
+
+
+# --- outputs --------------------------------------------------------------------
+
+
+def profile_columns(profiles: pl.DataFrame) -> pl.DataFrame:
+    """user_id, profile struct of the six fields, extra attribute columns as one JSON object."""
+    extras = [c for c in profiles.columns if c not in ("user_id", *PROFILE_FIELDS) and not c.startswith("_")]
+    extra = pl.struct(extras).struct.json_encode() if extras else pl.lit(None, dtype=pl.String)
+    return profiles.select(
+        "user_id",
+        pl.struct([pl.col(c) for c in PROFILE_FIELDS]).alias("profile"),
+        extra.alias("profile_extra"),
+    )
+
+
+def build_steps(events: pl.DataFrame, items: pl.DataFrame, profiles: pl.DataFrame) -> pl.DataFrame:
+    """One row per accepted event, in session order, with item and profile context."""
+    titles = items.select("item_id", "title")
+    known = profile_columns(profiles).with_columns(pl.lit(False).alias("profile_missing"))
+    action = pl.col("action")
+    return (
+        events.sort("page_view_id", "_eid")
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over("page_view_id").alias("step"))
+        .join(
+            titles.rename({"item_id": "_target", "title": "target_title"}),
+            left_on="item_id",
+            right_on="_target",
+            how="left",
+        )
+        .join(titles.rename({"item_id": "_open", "title": "ipv_item_title"}), on="_open", how="left")
+        .join(known, on="user_id", how="left")
+        .sort("page_view_id", "step")
+        .with_columns(
+            pl.col("page_view_id").alias("session_id"),
+            action.replace_strict(ACTION_GROUPS, return_dtype=pl.String).alias("action_group"),
+            pl.when(action == "click").then(pl.col("item_id")).alias("target_item_id"),
+            pl.when(action == "click").then(pl.col("target_title")).alias("target_title"),
+            pl.when(action == "ipv_click_comment")
+            .then(pl.concat_str(pl.lit("C"), (pl.col("review_index") + 1).cast(pl.String)))
+            .alias("review_alias"),
+            pl.col("_open").alias("ipv_item_id"),
+            pl.when(pl.col("screen") == "ipv").then(pl.col("ipv_scroll").fill_null(0)).alias("ipv_scroll"),
+            pl.when(pl.col("screen") == "ipv").then(pl.col("ui_state")).alias("ui_state"),
+            pl.when(pl.col("screen") == "feed").then(pl.col("visible_items")).alias("visible_items"),
+            pl.col("profile_missing").fill_null(True),
+        )
+    )
+
+
+def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """One row per page view: counts, terminal state, categories."""
+    top = items.select("item_id", pl.col("category").str.split("-").list.first().alias("_top"))
+    action = pl.col("action")
+    sessions = steps.group_by("session_id").agg(
+        pl.col("user_id").first(),
+        pl.col("ts").min().alias("start_ts"),
+        pl.col("ts").max().alias("end_ts"),
+        pl.len().cast(pl.Int32).alias("length"),
+        (action == "click").sum().cast(pl.Int32).alias("clicks"),
+        (action == "ipv_cart").sum().cast(pl.Int32).alias("carts"),
+        (action == "ipv_buy").sum().cast(pl.Int32).alias("buys"),
+        (pl.col("screen") == "feed").sum().cast(pl.Int32).alias("feed_steps"),
+        (action == "end").any().alias("ended"),
+        pl.col("profile_missing").first(),
+    )
+    clicked = (
+        steps.filter(action == "click")
+        .join(top, left_on="target_item_id", right_on="item_id")
+        .sort("session_id", "step")
+        .group_by("session_id")
+        .agg(
+            pl.col("_top").unique(maintain_order=True).alias("categories"),
+            pl.col("_top").mode().sort().first().alias("_clicked_top"),
+        )
+    )
+    shown = (
+        layout.join(top, on="item_id")
+        .group_by("session_id", "_top")
+        .agg(pl.len().alias("_n"), pl.col("rank").min().alias("_first"))
+        .sort("session_id", "_n", "_first", descending=[False, True, False])
+        .group_by("session_id", maintain_order=True)
+        .agg(pl.col("_top").first().alias("_shown_top"))
+    )
+    geometry = layout.group_by("session_id").agg(
+        pl.len().cast(pl.Int32).alias("feed_items"), pl.col("feed_height").max().alias("feed_height")
+    )
+    return (
+        sessions.join(clicked, on="session_id", how="left")
+        .join(shown, on="session_id", how="left")
+        .join(geometry, on="session_id", how="left")
+        .with_columns(
+            pl.col("categories").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+            pl.coalesce("_clicked_top", "_shown_top").alias("top_category"),
+            pl.when(pl.col("buys") > 0)
+            .then(pl.lit("purchase"))
+            .when(~pl.col("ended"))
+            .then(pl.lit("truncated"))
+            .when(pl.col("carts") > 0)
+            .then(pl.lit("cart_only"))
+            .otherwise(pl.lit("browse_only"))
+            .alias("terminal"),
+        )
+        .sort("session_id")
+    )
+
+
+def build_items(items: pl.DataFrame) -> pl.DataFrame:
+    levels = pl.col("category").str.split("-")
+    return items.sort("item_id").with_columns(
+        levels.list.get(0, null_on_oob=True).alias("category_l1"),
+        levels.list.get(1, null_on_oob=True).alias("category_l2"),
+        levels.list.get(2, null_on_oob=True).alias("category_l3"),
+    )

@@ -1,0 +1,44 @@
+"""Typed configuration shared by the dataset stages.
+
+Defaults follow the reference environment of PROTOCOL.md; every value can be
+overridden from CLI flags, a TOML file or ``TRAJFORGE_*`` environment variables,
+and the resolved settings are written into each run's manifest.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Documented key for the generated sample only. Real logs must set their own
+#: (``TRAJFORGE_REKEY_KEY``): whoever holds the key can re-link lake ids to platform ids.
+SAMPLE_REKEY_KEY = "trajforge-sample-key"
+
+
+class Geometry(BaseModel):
+    """Screen geometry in px (PROTOCOL.md §1, reference values)."""
+
+    screen_width: int = 402
+    screen_height: int = 874
+    feed_viewport: int = 693  # visible feed height
+    ipv_viewport: int = 837  # visible detail-page height
+    max_feed_scroll: int = 694  # largest scroll_down / scroll_up distance
+    max_ipv_scroll: int = 837  # largest ipv scroll distance
+    visible_fraction: float = 0.5  # share of a card's height that must be in view
+
+
+class IngestSettings(BaseSettings):
+    """How raw log bundles become lake tables."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJFORGE_", env_nested_delimiter="__")
+
+    rekey_key: str = Field(SAMPLE_REKEY_KEY, repr=False)
+    buckets: int = Field(4, ge=1, le=4096, description="user-hash partitions of steps/sessions/feed_layouts")
+    geometry: Geometry = Geometry()
+    action_map: dict[str, str] = Field(
+        default_factory=dict, description="platform action name -> one of the 13 actions"
+    )
+    split_seed: int = 42
+    split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    zstd_level: int = 3
+    timestamp_unit: str = Field("auto", description="epoch unit of numeric timestamps: auto | s | ms | us")

@@ -1,0 +1,126 @@
+"""The lake on disk: one folder per table, zstd Parquet, atomic replacement.
+
+Layout::
+
+    LAKE/steps/bucket=0/part-0.parquet      (partitioned tables: hive by user bucket)
+    LAKE/items/part-0.parquet               (single-file tables)
+    LAKE/quarantine/stage=ingest/part-0.parquet
+    LAKE/warehouse.duckdb                   (views over all of the above)
+
+A table is written into ``LAKE/.staging/<name>-<token>/`` and then swapped into
+place with renames, so readers see the old table or the new one, never a
+half-written one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from transforms.schemas import LAKE_TABLES, PARTITIONED, QUARANTINE
+
+STAGING = ".staging"
+
+
+def table_dir(lake: str | Path, name: str) -> Path:
+    return Path(lake) / name
+
+
+def conform(frame: pl.DataFrame, schema: pa.Schema) -> pa.Table:
+    """Select and cast ``frame`` to the declared schema (missing columns must not exist)."""
+    missing = [f.name for f in schema if f.name not in frame.columns]
+    if missing:
+        raise ValueError(f"frame lacks declared columns {missing}")
+    table = frame.select([f.name for f in schema]).to_arrow()
+    return table.cast(schema)
+
+
+def _write_parquet(table: pa.Table, path: Path, zstd_level: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd", compression_level=zstd_level, row_group_size=256_000)
+
+
+def _write_tree(
+    frame: pl.DataFrame, schema: pa.Schema, root: Path, partition_by: str | None, zstd: int
+) -> None:
+    if partition_by is None:
+        _write_parquet(conform(frame, schema), root / "part-0.parquet", zstd)
+        return
+    if frame.height == 0:
+        # an empty table still exists, so readers and views find its schema
+        _write_parquet(conform(frame, schema), root / f"{partition_by}=0" / "part-0.parquet", zstd)
+        return
+    for (key,), part in frame.sort(partition_by).partition_by(partition_by, as_dict=True).items():
+        _write_parquet(conform(part, schema), root / f"{partition_by}={key}" / "part-0.parquet", zstd)
+
+
+def swap_into_place(staged: Path, target: Path) -> None:
+    """Replace ``target`` by ``staged`` with two renames; the old copy is removed last."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staged, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_table(
+    lake: str | Path,
+    name: str,
+    frame: pl.DataFrame,
+    *,
+    schema: pa.Schema | None = None,
+    zstd_level: int = 3,
+) -> Path:
+    """Atomically (re)write lake table ``name`` from ``frame``; returns its folder."""
+    schema = schema or LAKE_TABLES[name]
+    partition_by = "bucket" if name in PARTITIONED else None
+    staged = Path(lake) / STAGING / f"{name}-{uuid.uuid4().hex[:8]}"
+    try:
+        _write_tree(frame, schema, staged, partition_by, zstd_level)
+        swap_into_place(staged, table_dir(lake, name))
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return table_dir(lake, name)
+
+
+def write_quarantine(lake: str | Path, stage: str, frame: pl.DataFrame, *, zstd_level: int = 3) -> Path:
+    """Replace the quarantine rows of one stage (re-runs of a stage never duplicate rows)."""
+    staged = Path(lake) / STAGING / f"quarantine-{stage}-{uuid.uuid4().hex[:8]}"
+    target = table_dir(lake, "quarantine") / f"stage={stage}"
+    try:
+        rows = frame.with_columns(pl.lit(stage).alias("stage"))
+        _write_parquet(conform(rows, QUARANTINE), staged / "part-0.parquet", zstd_level)
+        swap_into_place(staged, target)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return target
+
+
+def table_files(lake: str | Path, name: str) -> list[Path]:
+    return sorted(table_dir(lake, name).rglob("*.parquet"))
+
+
+def scan_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.LazyFrame:
+    """Lazy scan of a lake table with its declared types (hive columns included)."""
+    schema = LAKE_TABLES[name]
+    files = table_files(lake, name)
+    if not files:
+        raise FileNotFoundError(f"lake table {name!r} not found under {lake}")
+    frame = pl.scan_parquet(
+        [str(f) for f in files],
+        schema=pl.Schema(pl.from_arrow(schema.empty_table()).schema),
+        hive_partitioning=False,
+    )
+    return frame.select(columns) if columns else frame
+
+
+def read_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
+    return scan_table(lake, name, columns).collect()

@@ -1,0 +1,516 @@
+"""Readers for the raw log bundle: Parquet, JSONL (plain or gzip) and CSV part files.
+
+Every table is read into a frame with the declared types of ``RAW_TABLES`` plus
+two locator columns, ``_file`` (path relative to the bundle) and ``_row``
+(0-based row or line). Rows that cannot be read or typed never vanish: they
+come back as quarantine rows with a reason code.
+
+Values are coerced column by column: a value that is present but does not
+convert to the declared type is a ``schema_mismatch``; a required column that
+is null is ``missing_required_field``. Numeric epoch timestamps are accepted in
+s/ms/us/ns (unit inferred from magnitude unless configured); ISO-8601 strings
+with an offset or ``Z`` are converted to UTC, naive ones are read as UTC.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from transforms.schemas import OPTIONAL_TABLES, RAW_REQUIRED, RAW_TABLES
+
+SUFFIXES: dict[str, str] = {
+    ".parquet": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".jsonl.gz": "jsonl.gz",
+    ".ndjson.gz": "jsonl.gz",
+    ".csv": "csv",
+    ".csv.gz": "csv.gz",
+}
+LOCATORS = ("_file", "_row")
+REJECT_COLUMNS = ("table", "source_file", "source_row", "reason", "detail", "payload")
+MAX_FIELD_CHARS = 65_536  # a longer string field is quarantined, not carried into the lake
+ISO_AWARE = ("%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f%#z")
+ISO_NAIVE = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d")
+NESTED = {"params", "reviews", "visible_items"}
+
+
+class BundleError(Exception):
+    """The bundle as a whole cannot be ingested (missing folder or required table)."""
+
+
+@dataclass
+class TableRead:
+    """One raw table: typed rows, rejected rows, and how many rows came in."""
+
+    name: str
+    frame: pl.DataFrame
+    rejects: pl.DataFrame
+    rows_in: int
+    files: list[str] = field(default_factory=list)
+    naive_timestamps: int = 0
+
+
+def empty_rejects() -> pl.DataFrame:
+    return pl.DataFrame(
+        schema={
+            "table": pl.String,
+            "source_file": pl.String,
+            "source_row": pl.Int64,
+            "reason": pl.String,
+            "detail": pl.String,
+            "payload": pl.String,
+        }
+    )
+
+
+Pseudonymize = Callable[[pl.DataFrame], pl.DataFrame]
+
+
+def reject_rows(
+    table: str,
+    rows: pl.DataFrame,
+    reason: str | pl.Expr | pl.Series,
+    detail: str | pl.Expr | pl.Series | None = None,
+    pseudonymize: Pseudonymize | None = None,
+) -> pl.DataFrame:
+    """Quarantine rows from a frame carrying ``_file``/``_row``.
+
+    The payload is the row as JSON with identifiers replaced by their pseudonyms,
+    so quarantine never stores a platform id.
+    """
+    if pseudonymize is not None:
+        rows = pseudonymize(rows)
+    data = [c for c in rows.columns if not c.startswith("_")]
+    as_expr = lambda v: v if isinstance(v, pl.Expr | pl.Series) else pl.lit(v, dtype=pl.String)  # noqa: E731
+    payload = pl.struct(data).struct.json_encode() if data else pl.lit(None, dtype=pl.String)
+    return rows.select(
+        pl.lit(table).alias("table"),
+        pl.col("_file").alias("source_file"),
+        pl.col("_row").cast(pl.Int64).alias("source_row"),
+        as_expr(reason).alias("reason"),
+        as_expr(detail).alias("detail"),
+        payload.alias("payload"),
+    )
+
+
+def table_files(root: Path, name: str) -> list[Path]:
+    """Part files of one table: ``root/name/**`` or a single ``root/name.<ext>``."""
+    folder = root / name
+    candidates = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    candidates += sorted(p for p in root.glob(f"{name}.*") if p.is_file())
+    return [p for p in candidates if file_format(p) is not None]
+
+
+def file_format(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return SUFFIXES[suffix]
+    return None
+
+
+# --- loose frames: whatever types the file holds ------------------------------
+
+
+def _loose_parquet(path: Path) -> pl.DataFrame:
+    return pl.from_arrow(pq.read_table(path))
+
+
+def _decode_lines(data: bytes) -> list[tuple[int, str | None]]:
+    """(line number, text or None when not UTF-8) for every non-blank line."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = []
+    for number, raw in enumerate(data.split(b"\n")):
+        raw = raw.rstrip(b"\r")
+        if not raw.strip():
+            continue
+        try:
+            lines.append((number, raw.decode("utf-8")))
+        except UnicodeDecodeError:
+            lines.append((number, None))
+    return lines
+
+
+def _json_scalar(value: object) -> str | None:
+    """JSON scalars as text for the common string->type coercion; containers stay JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _loose_jsonl(path: Path, table: str, rel: str, gz: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    data = path.read_bytes()
+    if gz:
+        data = gzip.decompress(data)
+    parsed: list[dict] = []
+    rows: list[int] = []
+    bad: list[tuple[int, str]] = []
+    for number, text in _decode_lines(data):
+        if text is None:
+            bad.append((number, "line is not valid UTF-8"))
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            bad.append((number, f"invalid JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(obj, dict):
+            bad.append((number, f"JSON line is a {type(obj).__name__}, not an object"))
+            continue
+        parsed.append(obj)
+        rows.append(number)
+    keys: dict[str, None] = {}
+    for obj in parsed:
+        keys.update(dict.fromkeys(obj))
+    columns = {
+        k: pl.Series(k, [o.get(k) if k in NESTED else _json_scalar(o.get(k)) for o in parsed], strict=False)
+        if k in NESTED
+        else pl.Series(k, [_json_scalar(o.get(k)) for o in parsed], dtype=pl.String)
+        for k in keys
+    }
+    frame = pl.DataFrame(columns).with_columns(
+        pl.lit(rel).alias("_file"), pl.Series("_row", rows, dtype=pl.Int64)
+    )
+    rejects = pl.DataFrame(
+        {
+            "table": [table] * len(bad),
+            "source_file": [rel] * len(bad),
+            "source_row": [n for n, _ in bad],
+            "reason": ["unparseable_row"] * len(bad),
+            "detail": [d for _, d in bad],
+            "payload": [None] * len(bad),
+        },
+        schema=empty_rejects().schema,
+    )
+    return frame, rejects
+
+
+def _loose_csv(path: Path, gz: bool) -> pl.DataFrame:
+    data = path.read_bytes()
+    if gz:
+        data = gzip.decompress(data)
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    return pl.read_csv(data, infer_schema=False, encoding="utf8", truncate_ragged_lines=False)
+
+
+# --- coercion to the declared schema --------------------------------------
+
+
+def _epoch_to_ms(values: pl.Expr, unit: str) -> pl.Expr:
+    """Integer epoch in ``unit`` (or inferred from magnitude) to UTC ms timestamps."""
+    v = values.cast(pl.Float64)
+    if unit == "auto":
+        scale = (
+            pl.when(v.abs() < 1e11)
+            .then(1000.0)
+            .when(v.abs() < 1e14)
+            .then(1.0)
+            .when(v.abs() < 1e17)
+            .then(1e-3)
+            .otherwise(1e-6)
+        )
+    else:
+        scale = pl.lit({"s": 1000.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6}[unit])
+    return (v * scale).round().cast(pl.Int64).cast(pl.Datetime("ms", "UTC"))
+
+
+def _timestamp_from_text(text: pl.Expr, unit: str) -> pl.Expr:
+    cleaned = text.str.strip_chars().str.replace(r"Z$", "+00:00")
+    aware = [
+        cleaned.str.strptime(pl.Datetime("ms"), f, strict=False).dt.convert_time_zone("UTC")
+        for f in ISO_AWARE
+    ]
+    naive = [
+        cleaned.str.strptime(pl.Datetime("ms"), f, strict=False).dt.replace_time_zone("UTC")
+        for f in ISO_NAIVE
+    ]
+    numeric = _epoch_to_ms(cleaned.cast(pl.Float64, strict=False), unit)
+    return pl.coalesce([*aware, *naive, numeric])
+
+
+def _naive_text(text: pl.Expr) -> pl.Expr:
+    """True where a text timestamp carries no offset (read as UTC, counted in the summary)."""
+    cleaned = text.str.strip_chars()
+    return cleaned.str.contains(r"^\d{4}-\d{2}-\d{2}") & ~cleaned.str.contains(r"(Z|[+-]\d{2}:?\d{2})$")
+
+
+def _coerce_timestamp(col: pl.Expr, dtype: pl.DataType, unit: str) -> pl.Expr:
+    if isinstance(dtype, pl.Datetime):
+        if dtype.time_zone is None:
+            return col.dt.replace_time_zone("UTC").dt.cast_time_unit("ms")
+        return col.dt.convert_time_zone("UTC").dt.cast_time_unit("ms")
+    if dtype.is_numeric():
+        return _epoch_to_ms(col, unit)
+    return _timestamp_from_text(col.cast(pl.String), unit)
+
+
+def _coerce_scalar(col: pl.Expr, source: pl.DataType, target: pa.DataType, unit: str) -> pl.Expr:
+    if pa.types.is_timestamp(target):
+        return _coerce_timestamp(col, source, unit)
+    if pa.types.is_string(target):
+        return col if source == pl.String else col.cast(pl.String, strict=False)
+    if pa.types.is_integer(target):
+        as_float = col.cast(pl.Float64, strict=False) if source == pl.String else col.cast(pl.Float64)
+        whole = as_float.is_finite() & (as_float == as_float.round()) & (as_float.abs() < 2**31)
+        return pl.when(whole).then(as_float).otherwise(None).cast(pl.Int32)
+    if pa.types.is_floating(target):
+        return (
+            col.str.strip_chars().cast(pl.Float64, strict=False)
+            if source == pl.String
+            else col.cast(pl.Float64)
+        )
+    raise TypeError(f"no coercion to {target}")
+
+
+def _nested_value(value: object, kind: str) -> tuple[object, bool]:
+    """Validate one nested value (list of params or of strings); JSON text is decoded."""
+    if value is None:
+        return None, True
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None, False
+    if isinstance(value, pl.Series):
+        value = value.to_list()
+    if not isinstance(value, list):
+        return None, False
+    if kind == "params":
+        ok = all(isinstance(p, dict) and {"label", "value"} <= set(p) for p in value)
+        cleaned = (
+            [{"label": _json_scalar(p["label"]), "value": _json_scalar(p["value"])} for p in value]
+            if ok
+            else None
+        )
+        return cleaned, ok
+    ok = all(isinstance(v, str) for v in value)
+    return (value if ok else None), ok
+
+
+def _coerce_nested(series: pl.Series, name: str, target: pa.DataType) -> tuple[pl.Series, pl.Series]:
+    dtype = (
+        pl.List(pl.Struct({"label": pl.String, "value": pl.String}))
+        if name == "params"
+        else pl.List(pl.String)
+    )
+    if series.dtype == dtype:
+        return series, pl.Series(name, [True] * len(series))
+    if series.dtype == pl.List(pl.Struct) or (
+        isinstance(series.dtype, pl.List) and series.dtype.inner == pl.String and name != "params"
+    ):
+        try:
+            return series.cast(dtype), pl.Series(name, [True] * len(series))
+        except pl.exceptions.PolarsError:
+            pass
+    kind = "params" if name == "params" else "strings"
+    pairs = [_nested_value(v, kind) for v in series.to_list()]
+    values = pl.Series(name, [p[0] for p in pairs], dtype=dtype)
+    return values, pl.Series(name, [p[1] for p in pairs])
+
+
+def coerce(
+    loose: pl.DataFrame, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Cast a loose frame to the declared raw schema.
+
+    Returns (typed rows, rejects, naive timestamp count). Undeclared columns are
+    dropped except for ``profiles`` (extra attributes are data there).
+    """
+    schema = RAW_TABLES[table]
+    required = RAW_REQUIRED[table]
+    frame = loose
+    bad_type: list[pl.Expr] = []
+    naive = 0
+    for f in schema:
+        if f.name not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias(f.name))
+        if f.name in NESTED:
+            values, ok = _coerce_nested(frame[f.name], f.name, f.type)
+            frame = frame.with_columns(values, ok.alias(f"_ok_{f.name}"))
+            bad_type.append(~pl.col(f"_ok_{f.name}"))
+            continue
+        source = frame.schema[f.name]
+        if pa.types.is_timestamp(f.type) and source == pl.String:
+            naive = int(frame.select(_naive_text(pl.col(f.name)).sum()).item() or 0)
+        converted = _coerce_scalar(pl.col(f.name), source, f.type, unit)
+        frame = frame.with_columns(converted.alias(f"_typed_{f.name}"))
+        bad_type.append(pl.col(f.name).is_not_null() & pl.col(f"_typed_{f.name}").is_null())
+    string_cols = [f.name for f in schema if pa.types.is_string(f.type)]
+    oversized = pl.any_horizontal(
+        [pl.col(f"_typed_{c}").str.len_chars().fill_null(0) > MAX_FIELD_CHARS for c in string_cols]
+    )
+    nul = pl.any_horizontal(
+        [pl.col(f"_typed_{c}").str.contains("\x00", literal=True).fill_null(False) for c in string_cols]
+    )
+    missing = pl.any_horizontal(
+        [(pl.col(f"_typed_{c}") if f"_typed_{c}" in frame.columns else pl.col(c)).is_null() for c in required]
+    )
+    missing_names = pl.concat_str(
+        [pl.when(pl.col(f"_typed_{c}").is_null()).then(pl.lit(c)) for c in required],
+        separator=",",
+        ignore_nulls=True,
+    )
+    reason = (
+        pl.when(pl.any_horizontal(bad_type))
+        .then(pl.lit("schema_mismatch"))
+        .when(oversized)
+        .then(pl.lit("field_too_large"))
+        .when(nul)
+        .then(pl.lit("nul_byte"))
+        .when(missing)
+        .then(pl.lit("missing_required_field"))
+    )
+    mismatched = pl.concat_str(
+        [pl.when(b).then(pl.lit(f.name)) for b, f in zip(bad_type, schema, strict=True)],
+        separator=",",
+        ignore_nulls=True,
+    )
+    detail = (
+        pl.when(pl.any_horizontal(bad_type))
+        .then(pl.concat_str([pl.lit("value does not convert to the declared type: "), mismatched]))
+        .when(oversized)
+        .then(pl.lit(f"a text field is longer than {MAX_FIELD_CHARS} characters"))
+        .when(nul)
+        .then(pl.lit("a text field contains a NUL byte"))
+        .when(missing)
+        .then(pl.concat_str([pl.lit("required field is null: "), missing_names]))
+    )
+    tagged = frame.with_columns(reason.alias("_reason"), detail.alias("_detail"))
+    declared = [f.name for f in schema]
+    extras = (
+        [c for c in loose.columns if c not in declared and not c.startswith("_")]
+        if table == "profiles"
+        else []
+    )
+    rejected = tagged.filter(pl.col("_reason").is_not_null())
+    rejects = reject_rows(
+        table,
+        rejected.select([*declared, *extras, *LOCATORS]),
+        rejected["_reason"],
+        rejected["_detail"],
+        pseudonymize,
+    )
+    good = tagged.filter(pl.col("_reason").is_null()).select(
+        [pl.col(f"_typed_{c}").alias(c) if f"_typed_{c}" in tagged.columns else pl.col(c) for c in declared]
+        + [pl.col(c).cast(pl.String) for c in extras]
+        + [pl.col(c) for c in LOCATORS]
+    )
+    return good, rejects, naive
+
+
+def read_file(
+    path: Path, root: Path, table: str, unit: str, pseudonymize: Pseudonymize | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame, int, int]:
+    """One part file -> (typed rows, rejects, rows in, naive timestamps)."""
+    rel = path.relative_to(root).as_posix()
+    fmt = file_format(path)
+    try:
+        if fmt == "parquet":
+            loose, rejects = _loose_parquet(path), empty_rejects()
+            loose = loose.with_columns(
+                pl.lit(rel).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
+            )
+        elif fmt in ("jsonl", "jsonl.gz"):
+            loose, rejects = _loose_jsonl(path, table, rel, gz=fmt == "jsonl.gz")
+        else:
+            loose, rejects = _loose_csv(path, gz=fmt == "csv.gz"), empty_rejects()
+            # CSV row k is line k+1 (after the header)
+            loose = loose.with_columns(
+                pl.lit(rel).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
+            )
+    except Exception as exc:  # any unreadable file becomes one quarantine row, the run goes on
+        unreadable = pl.DataFrame(
+            {
+                "table": [table],
+                "source_file": [rel],
+                "source_row": [None],
+                "reason": ["unreadable_file"],
+                "detail": [f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"],
+                "payload": [None],
+            },
+            schema=empty_rejects().schema,
+        )
+        return pl.DataFrame(), unreadable, 1, 0
+    good, typed_rejects, naive = coerce(loose, table, unit, pseudonymize)
+    rows_in = loose.height + rejects.height
+    return good, pl.concat([rejects, typed_rejects]), rows_in, naive
+
+
+def read_table(
+    root: Path, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
+) -> TableRead:
+    files = table_files(root, table)
+    if not files:
+        if table in OPTIONAL_TABLES:
+            empty = pl.from_arrow(RAW_TABLES[table].empty_table()).with_columns(
+                pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
+            )
+            return TableRead(table, empty.clear(), empty_rejects(), 0)
+        raise BundleError(
+            f"The raw bundle {root} has no '{table}' table: expected a folder {table}/ of part files "
+            f"or a file {table}.parquet|.jsonl|.jsonl.gz|.csv."
+        )
+    frames, rejects, rows_in, naive = [], [], 0, 0
+    for path in files:
+        good, bad, n, nv = read_file(path, root, table, unit, pseudonymize)
+        if good.width:
+            frames.append(good)
+        rejects.append(bad)
+        rows_in += n
+        naive += nv
+    frame = pl.concat(frames, how="diagonal_relaxed") if frames else _empty_typed(table)
+    return TableRead(
+        table, frame, pl.concat(rejects), rows_in, [p.relative_to(root).as_posix() for p in files], naive
+    )
+
+
+def _empty_typed(table: str) -> pl.DataFrame:
+    return (
+        pl.from_arrow(RAW_TABLES[table].empty_table())
+        .with_columns(
+            pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
+        )
+        .clear()
+    )
+
+
+def read_bundle(
+    root: str | Path, unit: str = "auto", pseudonymize: Pseudonymize | None = None
+) -> dict[str, TableRead]:
+    """Read every table of a raw bundle folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BundleError(f"The raw bundle folder {root} does not exist or is not a folder.")
+    return {name: read_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
+
+
+def bundle_fingerprint(root: str | Path) -> str:
+    """Content fingerprint of a bundle: every part file's path, size and SHA-256 prefix of its bytes."""
+    import hashlib
+
+    root = Path(root)
+    digest = hashlib.sha256()
+    for name in RAW_TABLES:
+        for path in table_files(root, name):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(str(path.stat().st_size).encode())
+            with path.open("rb") as handle:
+                for block in iter(lambda h=handle: h.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()

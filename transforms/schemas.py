@@ -1,0 +1,311 @@
+"""Declared Arrow schemas: the single source of truth for every table.
+
+Readers cast to the raw schemas, writers write the lake schemas, validation
+suites and docs are generated from them. Timestamps are UTC milliseconds.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# --- the behavioural vocabulary (PROTOCOL.md §1) ---------------------------
+
+FEED_ACTIONS: tuple[str, ...] = ("scroll_down", "scroll_up", "click", "end")
+IPV_ACTIONS: tuple[str, ...] = (
+    "ipv_scroll_down",
+    "ipv_scroll_up",
+    "ipv_swipe_pic",
+    "ipv_click_param",
+    "ipv_enter_comment",
+    "ipv_click_comment",
+    "ipv_cart",
+    "ipv_buy",
+    "back_home",
+    "end",
+)
+ACTIONS: tuple[str, ...] = (
+    "scroll_down",
+    "scroll_up",
+    "click",
+    "end",
+    "ipv_scroll_down",
+    "ipv_scroll_up",
+    "ipv_swipe_pic",
+    "ipv_click_param",
+    "ipv_enter_comment",
+    "ipv_click_comment",
+    "ipv_cart",
+    "ipv_buy",
+    "back_home",
+)
+SCREENS: tuple[str, ...] = ("feed", "ipv")
+SCROLL_ACTIONS: tuple[str, ...] = ("scroll_down", "scroll_up", "ipv_scroll_down", "ipv_scroll_up")
+TERMINAL_STATES: tuple[str, ...] = ("purchase", "truncated", "cart_only", "browse_only")
+SPLITS: tuple[str, ...] = ("train", "val", "test")
+PROFILE_FIELDS: tuple[str, ...] = (
+    "age_band",
+    "gender",
+    "city_tier",
+    "purchase_power",
+    "member_level",
+    "lifecycle",
+)
+ACTION_GROUPS: dict[str, str] = {
+    "scroll_down": "feed_navigation",
+    "scroll_up": "feed_navigation",
+    "click": "feed_click",
+    "end": "termination",
+    "back_home": "transition",
+    "ipv_scroll_down": "ipv_browse",
+    "ipv_scroll_up": "ipv_browse",
+    "ipv_swipe_pic": "ipv_media",
+    "ipv_click_param": "ipv_information",
+    "ipv_enter_comment": "ipv_information",
+    "ipv_click_comment": "ipv_information",
+    "ipv_cart": "conversion",
+    "ipv_buy": "conversion",
+}
+
+TS = pa.timestamp("ms", tz="UTC")
+PARAM = pa.struct([("label", pa.string()), ("value", pa.string())])
+
+# --- raw log bundle (DATA.md "Input") --------------------------------------
+# Required columns must be present in every part file; optional ones may be
+# absent and are then filled with nulls. Extra columns are kept only where a
+# table says so (profiles keeps extra attribute columns).
+
+RAW_PROFILES = pa.schema([("user_id", pa.string())] + [(name, pa.string()) for name in PROFILE_FIELDS])
+RAW_ITEMS = pa.schema(
+    [
+        ("item_id", pa.string()),
+        ("title", pa.string()),
+        ("price", pa.float64()),
+        ("category", pa.string()),  # "L1-L2-L3"
+        ("params", pa.list_(PARAM)),
+        ("reviews", pa.list_(pa.string())),
+        ("image", pa.string()),
+    ]
+)
+RAW_FEEDS = pa.schema(
+    [
+        ("page_view_id", pa.string()),
+        ("item_id", pa.string()),
+        ("x", pa.int32()),
+        ("y", pa.int32()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("feed_height", pa.int32()),
+    ]
+)
+RAW_EVENTS = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("user_id", pa.string()),
+        ("page_view_id", pa.string()),
+        ("ts", TS),
+        ("screen", pa.string()),  # feed | ipv
+        ("action", pa.string()),
+        ("item_id", pa.string()),  # clicked card on feed, open item on ipv
+        ("scroll_top", pa.int32()),  # feed offset before the action
+        ("scroll_delta", pa.int32()),  # px moved by a scroll (feed or ipv)
+        ("ipv_scroll", pa.int32()),  # detail-page offset before the action
+        ("review_index", pa.int32()),  # 0-based review opened by ipv_click_comment
+        ("ui_state", pa.string()),  # detail-page panels, e.g. "main", "params", "comments"
+        ("image", pa.string()),
+        ("visible_items", pa.list_(pa.string())),  # optional: logged viewport content
+    ]
+)
+RAW_HISTORY = pa.schema(
+    [
+        ("user_id", pa.string()),
+        ("ts", TS),
+        ("kind", pa.string()),  # click | buy
+        ("title", pa.string()),
+        ("category", pa.string()),
+    ]
+)
+
+RAW_TABLES: dict[str, pa.Schema] = {
+    "profiles": RAW_PROFILES,
+    "items": RAW_ITEMS,
+    "feeds": RAW_FEEDS,
+    "events": RAW_EVENTS,
+    "history": RAW_HISTORY,
+}
+RAW_REQUIRED: dict[str, tuple[str, ...]] = {
+    "profiles": ("user_id",),
+    "items": ("item_id", "title", "price", "category"),
+    "feeds": ("page_view_id", "item_id", "x", "y", "width", "height", "feed_height"),
+    "events": ("event_id", "user_id", "page_view_id", "ts", "screen", "action"),
+    "history": ("user_id", "ts", "kind", "title"),
+}
+OPTIONAL_TABLES: tuple[str, ...] = ("history",)
+
+# --- the lake (DATA.md "Outputs") ------------------------------------------
+
+PROFILE = pa.struct([(name, pa.string()) for name in PROFILE_FIELDS])
+
+STEPS = pa.schema(
+    [
+        ("session_id", pa.string()),
+        ("user_id", pa.string()),
+        ("step", pa.int32()),
+        ("ts", TS),
+        ("screen", pa.string()),
+        ("action", pa.string()),
+        ("action_group", pa.string()),
+        ("target_item_id", pa.string()),  # click: the opened card
+        ("target_title", pa.string()),
+        ("review_alias", pa.string()),  # ipv_click_comment: "C1", "C2", ...
+        ("distance", pa.int32()),  # scrolls: px moved, positive
+        ("scroll_top", pa.int32()),  # feed offset before the action
+        ("visible_items", pa.list_(pa.string())),  # feed cards in view, in reading order
+        ("visible_source", pa.string()),  # "logged" | "layout"
+        ("ipv_item_id", pa.string()),  # detail page open on ipv steps
+        ("ipv_item_title", pa.string()),
+        ("ipv_scroll", pa.int32()),
+        ("ui_state", pa.string()),
+        ("profile", PROFILE),
+        ("profile_extra", pa.string()),  # JSON object of extra profile columns
+        ("profile_missing", pa.bool_()),
+        ("image", pa.string()),
+        ("split", pa.string()),
+        ("bucket", pa.int32()),
+    ]
+)
+SESSIONS = pa.schema(
+    [
+        ("session_id", pa.string()),
+        ("user_id", pa.string()),
+        ("start_ts", TS),
+        ("end_ts", TS),
+        ("length", pa.int32()),
+        ("clicks", pa.int32()),
+        ("carts", pa.int32()),
+        ("buys", pa.int32()),
+        ("feed_steps", pa.int32()),
+        ("ended", pa.bool_()),
+        ("terminal", pa.string()),
+        ("categories", pa.list_(pa.string())),  # top categories of clicked items, first-seen order
+        ("top_category", pa.string()),  # most clicked top category, else most shown in the feed
+        ("feed_items", pa.int32()),
+        ("feed_height", pa.int32()),
+        ("profile_missing", pa.bool_()),
+        ("split", pa.string()),
+        ("bucket", pa.int32()),
+    ]
+)
+FEED_LAYOUTS = pa.schema(
+    [
+        ("session_id", pa.string()),
+        ("item_id", pa.string()),
+        ("rank", pa.int32()),  # reading order: by y then x
+        ("x", pa.int32()),
+        ("y", pa.int32()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("feed_height", pa.int32()),
+        ("bucket", pa.int32()),
+    ]
+)
+ITEMS = pa.schema(
+    [
+        ("item_id", pa.string()),
+        ("title", pa.string()),
+        ("price", pa.float64()),
+        ("category", pa.string()),
+        ("category_l1", pa.string()),
+        ("category_l2", pa.string()),
+        ("category_l3", pa.string()),
+        ("params", pa.list_(PARAM)),
+        ("reviews", pa.list_(pa.string())),
+        ("image", pa.string()),
+    ]
+)
+PROFILES = pa.schema(
+    [
+        ("user_id", pa.string()),
+        ("profile", PROFILE),
+        ("profile_extra", pa.string()),
+        ("split", pa.string()),
+    ]
+)
+HISTORY = pa.schema(
+    [
+        ("user_id", pa.string()),
+        ("ts", TS),
+        ("kind", pa.string()),
+        ("title", pa.string()),
+        ("category", pa.string()),
+    ]
+)
+QUARANTINE = pa.schema(
+    [
+        ("stage", pa.string()),
+        ("table", pa.string()),
+        ("source_file", pa.string()),  # relative to the bundle root
+        ("source_row", pa.int64()),  # 0-based row (or line) within source_file
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("payload", pa.string()),  # the row as JSON, identifiers re-keyed
+        ("kept", pa.bool_()),  # true: only flagged (row kept downstream); false: rejected
+    ]
+)
+
+RECORDS = pa.schema(
+    [
+        ("record_id", pa.string()),  # "<session_id>:<step>"
+        ("session_id", pa.string()),
+        ("user_id", pa.string()),
+        ("step", pa.int32()),
+        ("trajectory_id", pa.string()),  # session_id (single mode) or user_id (cross mode)
+        ("mode", pa.string()),  # single | cross
+        ("system", pa.string()),  # system message: role, action space, response format
+        ("prompt", pa.string()),  # user message: profile, history, window, observation, actions
+        ("action", pa.string()),  # gold action label (one of the 13)
+        ("action_json", pa.string()),  # gold action object, e.g. {"type":"click","target":"..."}
+        ("rationale", pa.string()),  # first-person reason; null until extraction fills it
+        ("response", pa.string()),  # gold response JSON {"rationale": ..., "action": {...}}
+        ("intent", pa.string()),  # privileged trajectory intent text: train split only, once extracted
+        ("split", pa.string()),
+        ("token_estimate", pa.int32()),
+        ("bucket", pa.int32()),
+    ]
+)
+
+HISTORIES = pa.schema(
+    [
+        ("user_id", pa.string()),
+        ("session_ids", pa.list_(pa.string())),  # by start_ts, ties by session_id
+        ("start_ts", pa.list_(TS)),
+        ("gaps_s", pa.list_(pa.float64())),  # n-1: next start - previous end, s, overlaps -> 0
+        ("continues", pa.list_(pa.bool_())),  # n-1: top categories of clicks intersect the previous's
+        ("lengths", pa.list_(pa.int32())),  # actions per session
+        ("n_sessions", pa.int32()),
+        ("n_actions", pa.int32()),
+        ("n_clicks", pa.int32()),
+        ("n_carts", pa.int32()),
+        ("n_buys", pa.int32()),
+        ("n_continuations", pa.int32()),
+        ("n_overlaps", pa.int32()),  # adjacent pairs whose page views overlap in time
+        ("first_ts", TS),
+        ("last_ts", TS),
+        ("cross_session", pa.bool_()),  # n_sessions >= 2: the cross-session setting
+        ("split", pa.string()),
+        ("bucket", pa.int32()),
+    ]
+)
+
+LAKE_TABLES: dict[str, pa.Schema] = {
+    "steps": STEPS,
+    "sessions": SESSIONS,
+    "feed_layouts": FEED_LAYOUTS,
+    "items": ITEMS,
+    "profiles": PROFILES,
+    "history": HISTORY,
+    "quarantine": QUARANTINE,
+    "records": RECORDS,
+    "histories": HISTORIES,
+}
+# Tables partitioned by user bucket (hive layout bucket=K/); the rest are single files.
+PARTITIONED: tuple[str, ...] = ("steps", "sessions", "feed_layouts", "records")
