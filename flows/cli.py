@@ -108,9 +108,8 @@ def run(
     raw, lake = workdir / "raw", workdir / "lake"
     synth(out=raw, users=users, seed=seed, fmt="parquet")
     ingest(raw=raw, lake=lake, config=None, buckets=None, force=False)
-    console.print(
-        f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {(lake / 'warehouse.duckdb').resolve()}"
-    )
+    catalog = (lake / "warehouse.duckdb").resolve()
+    console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")
     console.print(f'try: trajforge sql --lake {lake} "SELECT * FROM action_mix()"')
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
 

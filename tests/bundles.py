@@ -79,8 +79,15 @@ def items() -> list[dict]:
 
 def feeds(page_view: str = "pv-A") -> list[dict]:
     return [
-        {"page_view_id": page_view, "item_id": item, "x": x, "y": y, "width": 195, "height": h,
-         "feed_height": FEED_HEIGHT}
+        {
+            "page_view_id": page_view,
+            "item_id": item,
+            "x": x,
+            "y": y,
+            "width": 195,
+            "height": h,
+            "feed_height": FEED_HEIGHT,
+        }
         for item, x, y, h in CARDS
     ]
 
@@ -90,14 +97,44 @@ def session_a() -> list[dict]:
     return [
         event("ev-0", 0, "feed", "scroll_down", scroll_top=0, scroll_delta=400),
         event("ev-1", 5, "feed", "click", scroll_top=400, item_id="itm-5"),
-        event("ev-2", 9, "ipv", "ipv_scroll_down", item_id="itm-5", scroll_top=400, ipv_scroll=0,
-              scroll_delta=500, ui_state="main"),
-        event("ev-3", 12, "ipv", "ipv_enter_comment", item_id="itm-5", scroll_top=400, ipv_scroll=500,
-              ui_state="main"),
-        event("ev-4", 15, "ipv", "ipv_click_comment", item_id="itm-5", scroll_top=400, ipv_scroll=500,
-              review_index=1, ui_state="comments"),
-        event("ev-5", 20, "ipv", "ipv_cart", item_id="itm-5", scroll_top=400, ipv_scroll=500, ui_state="main"),
-        event("ev-6", 24, "ipv", "back_home", item_id="itm-5", scroll_top=400, ipv_scroll=500, ui_state="main"),
+        event(
+            "ev-2",
+            9,
+            "ipv",
+            "ipv_scroll_down",
+            item_id="itm-5",
+            scroll_top=400,
+            ipv_scroll=0,
+            scroll_delta=500,
+            ui_state="main",
+        ),
+        event(
+            "ev-3",
+            12,
+            "ipv",
+            "ipv_enter_comment",
+            item_id="itm-5",
+            scroll_top=400,
+            ipv_scroll=500,
+            ui_state="main",
+        ),
+        event(
+            "ev-4",
+            15,
+            "ipv",
+            "ipv_click_comment",
+            item_id="itm-5",
+            scroll_top=400,
+            ipv_scroll=500,
+            review_index=1,
+            ui_state="comments",
+        ),
+        event(
+            "ev-5", 20, "ipv", "ipv_cart", item_id="itm-5", scroll_top=400, ipv_scroll=500, ui_state="main"
+        ),
+        event(
+            "ev-6", 24, "ipv", "back_home", item_id="itm-5", scroll_top=400, ipv_scroll=500, ui_state="main"
+        ),
         event("ev-7", 28, "feed", "scroll_up", scroll_top=400, scroll_delta=300),
         event("ev-8", 31, "feed", "end", scroll_top=100),
     ]
@@ -105,10 +142,26 @@ def session_a() -> list[dict]:
 
 def profiles() -> list[dict]:
     return [
-        {"user_id": "usr-1", "age_band": "25-29", "gender": "f", "city_tier": "1", "purchase_power": "mid",
-         "member_level": "gold", "lifecycle": "active", "ab_arm": "baseline"},
-        {"user_id": "usr-2", "age_band": "35-39", "gender": "m", "city_tier": "2", "purchase_power": "high",
-         "member_level": "silver", "lifecycle": "new", "ab_arm": "treatment"},
+        {
+            "user_id": "usr-1",
+            "age_band": "25-29",
+            "gender": "f",
+            "city_tier": "1",
+            "purchase_power": "mid",
+            "member_level": "gold",
+            "lifecycle": "active",
+            "ab_arm": "baseline",
+        },
+        {
+            "user_id": "usr-2",
+            "age_band": "35-39",
+            "gender": "m",
+            "city_tier": "2",
+            "purchase_power": "high",
+            "member_level": "silver",
+            "lifecycle": "new",
+            "ab_arm": "treatment",
+        },
     ]
 
 
@@ -117,21 +170,32 @@ def history() -> list[dict]:
 
 
 def tiny_bundle() -> dict[str, list[dict]]:
-    return {"profiles": profiles(), "items": items(), "feeds": feeds(), "events": session_a(),
-            "history": history()}
+    return {
+        "profiles": profiles(),
+        "items": items(),
+        "feeds": feeds(),
+        "events": session_a(),
+        "history": history(),
+    }
 
 
 def _frame(table: str, rows: list[dict]) -> pl.DataFrame:
     schema = RAW_TABLES[table]
     extra = {k for r in rows for k in r} - set(schema.names)
-    frame = pl.from_arrow(pa.Table.from_pylist(rows, schema=schema)) if rows else pl.from_arrow(schema.empty_table())
+    frame = (
+        pl.from_arrow(pa.Table.from_pylist(rows, schema=schema))
+        if rows
+        else pl.from_arrow(schema.empty_table())
+    )
     for column in sorted(extra):
         frame = frame.with_columns(pl.Series(column, [r.get(column) for r in rows], dtype=pl.String))
     return frame
 
 
 def _jsonable(row: dict) -> dict:
-    return {k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in row.items()}
+    return {
+        k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in row.items()
+    }
 
 
 def write_bundle(bundle: dict[str, list[dict]], root: Path, fmt: str = "parquet") -> Path:
@@ -149,8 +213,13 @@ def write_bundle(bundle: dict[str, list[dict]], root: Path, fmt: str = "parquet"
             frame = _frame(table, rows)
             nested = [c for c, t in frame.schema.items() if isinstance(t, pl.List)]
             frame = frame.with_columns(
-                [pl.col(c).map_elements(lambda v: json.dumps(v.to_list() if hasattr(v, "to_list") else v),
-                                        return_dtype=pl.String) for c in nested]
+                [
+                    pl.col(c).map_elements(
+                        lambda v: json.dumps(v.to_list() if hasattr(v, "to_list") else v),
+                        return_dtype=pl.String,
+                    )
+                    for c in nested
+                ]
             )
             frame.write_csv(path)
         else:
