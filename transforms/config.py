@@ -38,6 +38,9 @@ class IngestSettings(BaseSettings):
     action_map: dict[str, str] = Field(
         default_factory=dict, description="platform action name -> one of the 13 actions"
     )
+    keep_image_refs: bool = Field(
+        False, description="keep raw image refs; by default they are keyed like ids (they often embed ids)"
+    )
     split_seed: int = 42
     split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
     zstd_level: int = 3

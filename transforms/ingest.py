@@ -251,7 +251,7 @@ def ingest_bundle(
     """
     started = time.perf_counter()
     settings = settings or IngestSettings()
-    pseudonymize = Pseudonymizer(settings.rekey_key)
+    pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
     progress("read")
     bundle = read_bundle(raw, settings.timestamp_unit, pseudonymize)
     progress("align")

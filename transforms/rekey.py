@@ -11,7 +11,7 @@ import hashlib
 
 import polars as pl
 
-PREFIXES: dict[str, str] = {"user": "u", "session": "s", "item": "i", "event": "e"}
+PREFIXES: dict[str, str] = {"user": "u", "session": "s", "item": "i", "event": "e", "image": "m"}
 
 
 def _digest(value: str, key: bytes, person: bytes) -> bytes:
@@ -34,9 +34,11 @@ ID_COLUMNS: dict[str, str] = {
 class Pseudonymizer:
     """Keyed pseudonyms, computed once per distinct raw id and cached per kind."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, keep_image_refs: bool = False) -> None:
         self._secret = key.encode("utf-8")[:64]
         self._cache: dict[str, dict[str, str]] = {kind: {} for kind in PREFIXES}
+        # image refs are platform URLs/paths that often embed ids: keyed too unless told otherwise
+        self._columns = ID_COLUMNS if keep_image_refs else {**ID_COLUMNS, "image": "image"}
 
     def mapping(self, values: pl.Series, kind: str) -> pl.DataFrame:
         """Frame ``raw -> key`` covering the distinct non-null values of ``values``."""
@@ -66,7 +68,9 @@ class Pseudonymizer:
 
     def __call__(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Re-key every known id column present in ``frame``."""
-        keyed = [self.column(frame[c], kind).alias(c) for c, kind in ID_COLUMNS.items() if c in frame.columns]
+        keyed = [
+            self.column(frame[c], kind).alias(c) for c, kind in self._columns.items() if c in frame.columns
+        ]
         return frame.with_columns(keyed) if keyed else frame
 
 

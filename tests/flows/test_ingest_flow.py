@@ -1,0 +1,42 @@
+"""The ingest flow under Prefect's test harness."""
+
+from __future__ import annotations
+
+import json
+
+from flows.ingest import ingest_flow, manifest_path
+from tests.bundles import tiny_bundle, write_bundle
+from transforms.catalog import query
+from transforms.lake import read_table
+
+
+def test_ingest_flow_writes_lake_catalog_and_summary(prefect_harness, tmp_path):
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    lake = tmp_path / "lake"
+    summary = ingest_flow(str(tmp_path / "raw"), str(lake))
+    assert summary["skipped"] is False
+    assert summary["counts"]["events"] == {
+        "rows_in": 9,
+        "rows_out": 9,
+        "quarantined": 0,
+        "duplicates": 0,
+        "flagged": 0,
+    }
+    assert read_table(lake, "steps").height == 9
+    assert query(lake, "SELECT count(*) AS n FROM sessions")["n"][0] == 1
+    recorded = json.loads(manifest_path(lake).read_text())
+    assert recorded["fingerprint"] and "rekey_key" not in recorded["settings"]
+
+
+def test_ingest_flow_is_a_no_op_on_an_unchanged_bundle(prefect_harness, tmp_path):
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    lake = tmp_path / "lake"
+    ingest_flow(str(tmp_path / "raw"), str(lake))
+    stamp = (lake / "steps").stat().st_mtime_ns
+    again = ingest_flow(str(tmp_path / "raw"), str(lake))
+    assert again["skipped"] is True and (lake / "steps").stat().st_mtime_ns == stamp
+    bundle = tiny_bundle()
+    bundle["events"] = bundle["events"][:-1]  # the bundle changed: the flow runs again
+    write_bundle(bundle, tmp_path / "raw")
+    changed = ingest_flow(str(tmp_path / "raw"), str(lake))
+    assert changed["skipped"] is False and changed["counts"]["events"]["rows_in"] == 8

@@ -1,0 +1,88 @@
+"""Step alignment on the hand-built bundle of tests/bundles.py (expected values worked out there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.bundles import tiny_bundle, write_bundle
+from transforms.config import IngestSettings
+from transforms.ingest import ingest_bundle
+from transforms.lake import read_table
+from transforms.rekey import Pseudonymizer
+
+KEY = IngestSettings().rekey_key
+
+
+def keyed(kind: str, *raw: str) -> list[str]:
+    """Pseudonyms computed independently of the ingest, with the same documented key."""
+    pseudo = Pseudonymizer(KEY)
+    return pseudo.column(pl.Series(list(raw), dtype=pl.String), kind).to_list()
+
+
+def items(*numbers: int) -> list[str]:
+    return keyed("item", *(f"itm-{n}" for n in numbers))
+
+
+@pytest.fixture(scope="module", params=["parquet", "jsonl", "jsonl.gz", "csv"])
+def lake(request, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp(f"align-{request.param.replace('.', '-')}")
+    write_bundle(tiny_bundle(), root / "raw", request.param)
+    ingest_bundle(root / "raw", root / "lake")
+    return root / "lake"
+
+
+def test_steps_are_contiguous_and_in_time_order(lake):
+    steps = read_table(lake, "steps").sort("step")
+    assert steps["step"].to_list() == list(range(9))
+    assert steps["action"].to_list() == [
+        "scroll_down", "click", "ipv_scroll_down", "ipv_enter_comment", "ipv_click_comment",
+        "ipv_cart", "back_home", "scroll_up", "end",
+    ]  # fmt: skip
+    assert steps["ts"].is_sorted()
+
+
+def test_visible_items_follow_the_half_height_rule(lake):
+    visible = read_table(lake, "steps").sort("step")["visible_items"].to_list()
+    assert visible[0] == items(1, 2, 3, 4)  # top 0
+    assert visible[1] == items(3, 4, 5, 6, 7, 8)  # top 400
+    assert visible[7] == items(3, 4, 5, 6, 7, 8)  # top 400 again after back_home
+    assert visible[8] == items(1, 2, 3, 4, 5, 6)  # top 100
+    assert all(v is None for v in visible[2:7])  # the feed is not on screen on the detail page
+
+
+def test_click_target_detail_context_and_arguments(lake):
+    steps = read_table(lake, "steps").sort("step")
+    click = steps.row(1, named=True)
+    assert click["target_item_id"] == items(5)[0]
+    assert click["target_title"] == "Linen shirt 5"
+    ipv = steps.filter(pl.col("screen") == "ipv")
+    assert ipv["ipv_item_id"].unique().to_list() == items(5)
+    assert ipv["ipv_item_title"].unique().to_list() == ["Linen shirt 5"]
+    assert steps["distance"].to_list() == [400, None, 500, None, None, None, None, 300, None]
+    assert steps.row(4, named=True)["review_alias"] == "C2"  # review_index 1 -> second alias
+    assert steps.row(7, named=True)["scroll_top"] == 400
+
+
+def test_profile_snapshot_and_session_summary(lake):
+    steps = read_table(lake, "steps")
+    assert steps["profile"].struct.field("member_level").unique().to_list() == ["gold"]
+    assert not steps["profile_missing"].any()
+    session = read_table(lake, "sessions").row(0, named=True)
+    assert (session["length"], session["clicks"], session["carts"], session["buys"]) == (9, 1, 1, 0)
+    assert session["terminal"] == "cart_only"  # ended, a cart, no buy
+    assert session["categories"] == ["Apparel"]  # itm-5 is odd-numbered -> Apparel
+    assert session["feed_items"] == 8 and session["feed_height"] == 1240
+
+
+def test_feed_layout_ranks_in_reading_order(lake):
+    layout = read_table(lake, "feed_layouts").sort("rank")
+    assert layout["item_id"].to_list() == items(1, 2, 3, 4, 5, 6, 7, 8)
+    assert layout["rank"].to_list() == list(range(8))
+
+
+def test_items_split_category_levels(lake):
+    item = read_table(lake, "items").filter(pl.col("item_id") == items(2)[0]).row(0, named=True)
+    assert (item["category_l1"], item["category_l2"], item["category_l3"]) == ("Bags", "Totes", "Canvas")
