@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install trajforge with its test tools. torch goes first, pinned,
+# so pip takes the CPU wheel instead of resolving a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "$TORCH_SPEC"
+.venv/bin/python -m pip install -q -e ".[dev]"
