@@ -21,6 +21,7 @@ from transforms.config import IngestSettings
 from transforms.lake import write_quarantine, write_table
 from transforms.readers import TableRead, empty_rejects, read_bundle, reject_rows
 from transforms.rekey import Pseudonymizer, bucket_of, split_of
+from transforms.userarena import read_userarena
 
 #: raw input table -> the lake table its accepted rows land in
 OUTPUT_OF: dict[str, str] = {
@@ -67,6 +68,7 @@ class IngestResult:
     naive_timestamps: int
     wall_seconds: float
     settings: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)  # source-specific counts, e.g. context rows of UserArena
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -194,7 +196,7 @@ def _count(
             rows_in=bundle[name].rows_in,
             rows_out=tables[OUTPUT_OF[name]].height,
             quarantined=lookup.get((name, False), 0),
-            duplicates=duplicates[name],
+            duplicates=duplicates[name] + bundle[name].merged,
             flagged=lookup.get((name, True), 0),
         )
         for name in OUTPUT_OF
@@ -244,16 +246,24 @@ def ingest_bundle(
     lake: str | Path,
     settings: IngestSettings | None = None,
     progress: Callable[[str], None] = _silent,
+    source_format: str = "bundle",
 ) -> IngestResult:
     """Read ``raw``, align, and (re)write the lake tables atomically. Idempotent.
 
-    ``progress`` is called with the name of each phase as it starts.
+    ``source_format`` is ``bundle`` (a raw log bundle folder) or ``userarena``
+    (release JSONL). ``progress`` is called with the name of each phase as it starts.
     """
     started = time.perf_counter()
     settings = settings or IngestSettings()
     pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
     progress("read")
-    bundle = read_bundle(raw, settings.timestamp_unit, pseudonymize)
+    notes: dict[str, int] = {}
+    if source_format == "userarena":
+        bundle, notes = read_userarena(raw, settings.timestamp_unit, pseudonymize)
+    elif source_format == "bundle":
+        bundle = read_bundle(raw, settings.timestamp_unit, pseudonymize)
+    else:
+        raise ValueError(f"unknown source format {source_format!r}: expected bundle or userarena")
     progress("align")
     aligned = align_bundle(bundle, settings, pseudonymize)
     progress("pseudonymize")
@@ -278,6 +288,7 @@ def ingest_bundle(
         output_rows={name: frame.height for name, frame in tables.items()},
         paths=paths,
         naive_timestamps=sum(t.naive_timestamps for t in bundle.values()),
+        notes=notes,
         wall_seconds=round(time.perf_counter() - started, 3),
         settings=json.loads(settings.model_dump_json(exclude={"rekey_key"})),
     )

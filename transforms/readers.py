@@ -58,6 +58,7 @@ class TableRead:
     rows_in: int
     files: list[str] = field(default_factory=list)
     naive_timestamps: int = 0
+    merged: int = 0  # exact repeats merged by the reader itself (counted as duplicates)
 
 
 def empty_rejects() -> pl.DataFrame:
@@ -474,13 +475,13 @@ def read_table(
         rejects.append(bad)
         rows_in += n
         naive += nv
-    frame = pl.concat(frames, how="diagonal_relaxed") if frames else _empty_typed(table)
+    frame = pl.concat(frames, how="diagonal_relaxed") if frames else empty_typed(table)
     return TableRead(
         table, frame, pl.concat(rejects), rows_in, [p.relative_to(root).as_posix() for p in files], naive
     )
 
 
-def _empty_typed(table: str) -> pl.DataFrame:
+def empty_typed(table: str) -> pl.DataFrame:
     return (
         pl.from_arrow(RAW_TABLES[table].empty_table())
         .with_columns(

@@ -1,0 +1,157 @@
+"""UserArena release records (single and cross-session) into the lake, worked out by hand.
+
+The feed geometry is the one of tests/bundles.py (cards itm-1..itm-8, feed height 1240).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.bundles import CARDS, FEED_HEIGHT
+from transforms.config import IngestSettings
+from transforms.ingest import ingest_bundle
+from transforms.lake import read_table
+from transforms.rekey import Pseudonymizer
+
+PROFILE = {"age_band": "25-29", "gender": "f", "city_tier": "1", "purchase_power": "mid",
+           "member_level": "gold", "lifecycle": "active", "hobby": "hiking"}  # fmt: skip
+
+
+def catalog(*numbers: int) -> list[dict]:
+    cards = {item: (x, y, h) for item, x, y, h in CARDS}
+    return [
+        {"item_id": f"itm-{n}", "item_title": f"Linen shirt {n}", "item_price": f"¥{100 + n}.00",
+         "item_cate": "Apparel-Tops-Shirts", "item_image": f"pic-{n}.jpg",
+         "bbox": {"x": cards[f"itm-{n}"][0], "y": cards[f"itm-{n}"][1], "height": cards[f"itm-{n}"][2],
+                  "width": 195},
+         "item_params": [{"label": "material", "value": "linen"}], "item_reviews": ["fits well", "thin"]}
+        for n in numbers
+    ]  # fmt: skip
+
+
+SINGLE = {
+    "session_id": "pv-U1", "visitor_id": "vis-1", "user_info": PROFILE,
+    "user_click_list": ["Old linen shirt"], "user_buy_list": [{"title": "Canvas tote", "category": "Bags"}],
+    "history_counts": {"click": 1, "buy": 1},
+    "feed_long_image": {"url": "feed-U1.jpg", "height": FEED_HEIGHT}, "feed_catalog": catalog(*range(1, 9)),
+    "trajectory": [
+        {"step_type": "feed", "scroll_top": 0, "visible_items": ["itm-1", "itm-2", "itm-3", "itm-4"]},
+        {"step_type": "feed", "action": "scroll_down", "scroll_top": 0, "scroll_delta_px": 400, "gui_image": "g0"},
+        {"step_type": "transition", "action": "click", "clicked_item_id": "itm-5", "scroll_top": 400},
+        {"step_type": "ipv", "action": "ipv_click_param", "item_id": "itm-5", "scroll_top": 0,
+         "ipv_step_ui_state": "main", "property_values": "material:linen"},
+        {"step_type": "transition", "action": "back_home", "item_id": "itm-5", "scroll_top": 0},
+        {"step_type": "feed", "action": "click", "clicked_item_id": "itm-8", "scroll_top": 400},
+        {"step_type": "feed", "action": "end", "scroll_top": 400},
+    ],
+}  # fmt: skip
+CROSS = {
+    "visitor_id": "vis-2", "pv_ids": ["pv-C1", "pv-C2"], "num_sessions": 2,
+    "user_info": dict(PROFILE, gender="m"),
+    "feed_session_screenshots": [
+        {"pv_id": "pv-C1", "feed_long_image": {"height": FEED_HEIGHT}, "feed_catalog": catalog(1, 2, 3, 4)},
+        {"pv_id": "pv-C2", "feed_long_image": {"height": FEED_HEIGHT}, "feed_catalog": catalog(*range(1, 9))},
+    ],
+    "trajectory": [
+        {"pv_id": "pv-C1", "step_type": "feed", "action": "click", "clicked_item_id": "itm-2", "scroll_top": 0},
+        {"pv_id": "pv-C1", "step_type": "ipv", "action": "ipv_buy", "item_id": "itm-3"},
+        {"pv_id": "pv-C1", "step_type": "ipv", "action": "end", "item_id": "itm-3"},
+        {"pv_id": "pv-C2", "step_type": "feed", "action": "scroll_down", "scroll_top": 0, "scroll_distance": 400},
+        {"pv_id": "pv-C2", "step_type": "feed", "action": "click", "clicked_item_id": "itm-6", "scroll_top": 400},
+        {"pv_id": "pv-C2", "step_type": "ipv", "action": "ipv_enter_comment", "item_id": "itm-6", "scroll_top": 0},
+        {"pv_id": "pv-C2", "step_type": "ipv", "action": "ipv_click_comment", "item_id": "itm-6",
+         "review_index": 0, "ipv_step_ui_state": "comments"},
+        {"pv_id": "pv-C2", "step_type": "ipv", "action": "ipv_buy", "item_id": "itm-6"},
+        {"pv_id": "pv-C2", "step_type": "ipv", "action": "end", "item_id": "itm-6"},
+    ],
+}  # fmt: skip
+DEFECTS = {
+    "session_id": "pv-U3", "visitor_id": "vis-3", "user_info": PROFILE, "feed_catalog": catalog(1, 2, 3, 4),
+    "feed_long_image": {"height": FEED_HEIGHT},
+    "trajectory": [
+        {"step_type": "ipv", "action": "ipv_scroll_down", "item_id": "itm-1", "scroll_top": 0, "scroll_delta_px": 300},
+        {"step_type": "feed", "action": "click", "clicked_item_id": "itm-7", "scroll_top": 0},
+        {"step_type": "ipv", "action": "back_home", "item_id": "itm-7"},
+        {"step_type": "feed", "action": "end", "scroll_top": 0},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> tuple[Path, object]:
+    root = tmp_path_factory.mktemp("userarena")
+    lines = [json.dumps(r) for r in (SINGLE, CROSS, DEFECTS)] + ['{"session_id": "pv-bad", "trajectory": [']
+    (root / "release.jsonl").write_text("\n".join(lines) + "\n")
+    result = ingest_bundle(root / "release.jsonl", root / "lake", source_format="userarena")
+    return root / "lake", result
+
+
+def session_key(pv: str) -> str:
+    return Pseudonymizer(IngestSettings().rekey_key).column(pl.Series([pv]), "session")[0]
+
+
+def item_keys(*numbers: int) -> list[str]:
+    keyed = Pseudonymizer(IngestSettings().rekey_key).column(pl.Series([f"itm-{n}" for n in numbers]), "item")
+    return keyed.to_list()
+
+
+def steps_of(lake: Path, pv: str) -> pl.DataFrame:
+    return read_table(lake, "steps").filter(pl.col("session_id") == session_key(pv)).sort("step")
+
+
+def test_single_session_record(imported):
+    lake, _ = imported
+    steps = steps_of(lake, "pv-U1")
+    # the context row is not an action; the click on itm-8 is followed by `end`, never a detail page
+    assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home", "end"]
+    assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv", "feed"]
+    assert steps["visible_items"][0].to_list() == item_keys(1, 2, 3, 4)
+    assert steps["target_item_id"][1] == item_keys(5)[0] and steps["target_title"][1] == "Linen shirt 5"
+    assert steps["distance"][0] == 400 and steps["ui_state"][2] == "main"
+    profile = steps["profile"][0]
+    assert profile["member_level"] == "gold" and json.loads(steps["profile_extra"][0]) == {"hobby": "hiking"}
+
+
+def test_cross_session_record(imported):
+    lake, _ = imported
+    assert steps_of(lake, "pv-C1").height == 0  # its only excursion was about another product
+    steps = steps_of(lake, "pv-C2")
+    assert steps["action"].to_list() == [
+        "scroll_down", "click", "ipv_enter_comment", "ipv_click_comment", "ipv_buy", "end"]  # fmt: skip
+    assert steps["review_alias"][3] == "C1" and steps["distance"][0] == 400
+    sessions = read_table(lake, "sessions")
+    assert sessions.filter(pl.col("session_id") == session_key("pv-C2"))["terminal"][0] == "purchase"
+    assert sessions["user_id"].n_unique() == 3
+
+
+def test_items_prices_and_history(imported):
+    lake, _ = imported
+    items = read_table(lake, "items")
+    assert items.height == 8  # one catalog entry per item, however many records list it
+    assert sorted(items["price"].to_list()) == [101.0 + n for n in range(8)]  # "¥101.00" -> 101.0
+    history = read_table(lake, "history").sort("kind")
+    assert history.select("kind", "title").rows() == [("buy", "Canvas tote"), ("click", "Old linen shirt")]
+
+
+def test_defective_excursions_are_quarantined_with_reasons(imported):
+    _, result = imported
+    assert result.quarantine_by_reason == {
+        "click_without_detail_page": 1,  # pv-U1: click on itm-8, then end
+        "excursion_product_mismatch": 3,  # pv-C1: click itm-2, detail rows about itm-3 (buy, end)
+        "detail_step_without_page": 1,  # pv-U3: detail row before any click
+        "unpresentable_click": 2,  # pv-U3: itm-7 is not in that visit's catalog (click + back_home)
+        "unparseable_row": 1,  # the truncated last line
+        "session_without_actions": 4,  # pv-C1's four feed cards: no action of pv-C1 survived
+    }
+    events = result.counts["events"]
+    assert (events.rows_in, events.rows_out, events.quarantined) == (
+        20,
+        12,
+        8,
+    )  # 6 + 9 + 4 actions + 1 bad line
+    assert all(c.balanced for c in result.counts.values())
+    assert result.notes["context_rows"] == 1 and result.notes["synthetic_timestamps"] == 19
