@@ -58,20 +58,29 @@ def synth(
 
 @app.command()
 def ingest(
-    raw: Annotated[Path, typer.Argument(help="raw log bundle folder", exists=True)],
+    raw: Annotated[Path, typer.Argument(help="raw log bundle folder, or UserArena JSONL", exists=True)],
     lake: LakeOption = Path("sample/lake"),
     config: ConfigOption = None,
     buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
+    source_format: Annotated[
+        str, typer.Option("--format", help="bundle (raw log bundle folder) | userarena (release JSONL)")
+    ] = "bundle",
 ) -> None:
-    """Raw log bundle -> step-aligned lake tables, quarantine and the DuckDB catalog."""
+    """Raw log bundle (or UserArena release) -> step-aligned lake tables, quarantine, DuckDB catalog."""
     from flows.ingest import ingest_flow
 
     settings = load_settings(config, buckets=buckets)
     started = time.perf_counter()
     with progress_bar(console) as bar:
         bar.add_task(f"ingesting {raw}", total=None)
-        summary = ingest_flow(str(raw.resolve()), str(lake.resolve()), settings=settings, force=force)
+        summary = ingest_flow(
+            str(raw.resolve()),
+            str(lake.resolve()),
+            settings=settings,
+            force=force,
+            source_format=source_format,
+        )
     print_ingest_summary(console, summary, time.perf_counter() - started)
 
 
@@ -107,7 +116,7 @@ def run(
     started = time.perf_counter()
     raw, lake = workdir / "raw", workdir / "lake"
     synth(out=raw, users=users, seed=seed, fmt="parquet")
-    ingest(raw=raw, lake=lake, config=None, buckets=None, force=False)
+    ingest(raw=raw, lake=lake, config=None, buckets=None, force=False, source_format="bundle")
     catalog = (lake / "warehouse.duckdb").resolve()
     console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")
     console.print(f'try: trajforge sql --lake {lake} "SELECT * FROM action_mix()"')

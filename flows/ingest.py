@@ -80,16 +80,23 @@ def unchanged(lake: str, bundle: str, settings: IngestSettings) -> dict | None:
 
 
 @flow(name="ingest")
-def ingest_flow(raw: str, lake: str, settings: IngestSettings | None = None, force: bool = False) -> dict:
-    """Raw bundle -> steps, sessions, feed_layouts, items, profiles, history, quarantine; a no-op when
-    the same bundle was already ingested with the same settings (``force`` re-runs)."""
+def ingest_flow(
+    raw: str,
+    lake: str,
+    settings: IngestSettings | None = None,
+    force: bool = False,
+    source_format: str = "bundle",
+) -> dict:
+    """Raw bundle (or UserArena release JSONL) -> steps, sessions, feed_layouts, items, profiles,
+    history, quarantine; a no-op when the same input was already ingested with the same settings
+    (``force`` re-runs)."""
     settings = settings or IngestSettings()
     bundle = fingerprint(raw)
     previous = None if force else unchanged(lake, bundle, settings)
     if previous is not None:
         get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
         return {**previous, "skipped": True}
-    summary = ingest_tables(raw, lake, settings)
+    summary = ingest_tables(raw, lake, settings, source_format)
     catalog(lake)
     record_run(lake, summary, bundle)
     return {**summary, "skipped": False}
