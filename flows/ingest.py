@@ -29,9 +29,14 @@ def fingerprint(raw: str) -> str:
 
 
 @task(name="ingest-tables", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def ingest_tables(raw: str, lake: str, settings: IngestSettings) -> dict:
+def ingest_tables(raw: str, lake: str, settings: IngestSettings, source_format: str) -> dict:
+    logger = get_run_logger()
     result = ingest_bundle(
-        raw, lake, settings, progress=lambda phase: get_run_logger().info("ingest: %s", phase)
+        raw,
+        lake,
+        settings,
+        progress=lambda phase: logger.info("ingest: %s", phase),
+        source_format=source_format,
     )
     return result.to_json()
 
