@@ -211,8 +211,10 @@ def pseudonymize_outputs(
     tables: dict[str, pl.DataFrame], pseudonymize: Pseudonymizer, settings: IngestSettings
 ) -> dict[str, pl.DataFrame]:
     """Replace raw ids by pseudonyms; add split and bucket derived from the user pseudonym."""
+    # event ids and helper columns are not part of any output: drop them before hashing ids
+    unused = ("event_id",)
     keyed = {
-        name: pseudonymize(frame.drop([c for c in frame.columns if c.startswith("_")]))
+        name: pseudonymize(frame.drop([c for c in frame.columns if c.startswith("_") or c in unused]))
         for name, frame in tables.items()
     }
     steps = keyed["steps"].with_columns(pl.col("page_view_id").alias("session_id"))

@@ -36,34 +36,41 @@ class Pseudonymizer:
 
     def __init__(self, key: str, keep_image_refs: bool = False) -> None:
         self._secret = key.encode("utf-8")[:64]
-        self._cache: dict[str, dict[str, str]] = {kind: {} for kind in PREFIXES}
+        empty = pl.DataFrame(schema={"raw": pl.String, "key": pl.String})
+        self._known: dict[str, pl.DataFrame] = dict.fromkeys(PREFIXES, empty)
         # image refs are platform URLs/paths that often embed ids: keyed too unless told otherwise
         self._columns = ID_COLUMNS if keep_image_refs else {**ID_COLUMNS, "image": "image"}
 
     def mapping(self, values: pl.Series, kind: str) -> pl.DataFrame:
         """Frame ``raw -> key`` covering the distinct non-null values of ``values``."""
-        cache, prefix, person = self._cache[kind], PREFIXES[kind], kind.encode("utf-8")[:16]
-        distinct = values.drop_nulls().unique().to_list()
-        for value in distinct:
-            if value not in cache:
-                cache[value] = f"{prefix}_{_digest(value, self._secret, person).hex()}"
-        return pl.DataFrame(
-            {"raw": distinct, "key": [cache[v] for v in distinct]},
-            schema={"raw": pl.String, "key": pl.String},
-        )
+        distinct = values.drop_nulls().unique()
+        known = self._known[kind]
+        fresh = distinct.filter(~distinct.is_in(known["raw"].implode())) if known.height else distinct
+        if fresh.len():
+            prefix, person = PREFIXES[kind], kind.encode("utf-8")[:16]
+            keys = [f"{prefix}_{_digest(v, self._secret, person).hex()}" for v in fresh.to_list()]
+            known = pl.concat([known, pl.DataFrame({"raw": fresh, "key": keys}, schema=known.schema)])
+            self._known[kind] = known
+        return known
 
     def column(self, values: pl.Series, kind: str) -> pl.Series:
         """``values`` (strings, or lists of strings) with every id replaced by its pseudonym."""
         if isinstance(values.dtype, pl.List):
-            mapping = self.mapping(values.explode(), kind)
-            return values.list.eval(
-                pl.element().replace_strict(
-                    mapping["raw"], mapping["key"], default=None, return_dtype=pl.String
-                )
+            flat = pl.DataFrame({"ids": values}).with_row_index("row").explode("ids")
+            flat = flat.with_columns(self.column(flat["ids"], kind))
+            rebuilt = flat.group_by("row", maintain_order=True).agg(pl.col("ids").drop_nulls())
+            return (
+                rebuilt.with_columns(original=values)
+                .select(pl.when(pl.col("original").is_null()).then(None).otherwise(pl.col("ids")))
+                .to_series()
+                .alias(values.name)
             )
         mapping = self.mapping(values.cast(pl.String), kind)
-        return values.cast(pl.String).replace_strict(
-            mapping["raw"], mapping["key"], default=None, return_dtype=pl.String
+        return (
+            values.cast(pl.String)
+            .to_frame("raw")
+            .join(mapping, on="raw", how="left", maintain_order="left")["key"]
+            .alias(values.name)
         )
 
     def __call__(self, frame: pl.DataFrame) -> pl.DataFrame:

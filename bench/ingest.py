@@ -1,0 +1,214 @@
+"""Ingest benchmark at UserArena scale, side by side with two references.
+
+    python bench/ingest.py                   # 11,010 users (UserArena scale)
+    python bench/ingest.py --scale 10        # 110,100 users
+    python bench/ingest.py --variants ingest,floor
+
+Variants, each run in its own process so peak RSS is its own:
+- ``ingest``: ``transforms.ingest.ingest_bundle`` (readers, checks, alignment, lake writes);
+- ``pandas``: a straightforward pandas implementation of the same step alignment,
+  one ``groupby(...).apply`` per session (the baseline a first version would write);
+- ``floor``: read the same raw bundle and write Parquet of the same size with no
+  transformation — the I/O cost nothing can beat.
+
+Appends a section to bench/RESULTS.md unless ``--no-record``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+VIEWPORT = 693
+
+
+def run_ingest(raw: Path, out: Path) -> int:
+    from transforms.ingest import ingest_bundle
+
+    result = ingest_bundle(raw, out)
+    return result.counts["events"].rows_in
+
+
+def run_floor(raw: Path, out: Path) -> int:
+    """Read every raw table and write it back as zstd Parquet: no checks, no alignment."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for table in ("profiles", "items", "feeds", "events", "history"):
+        data = pq.read_table(raw / table)
+        out.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data, out / f"{table}.parquet", compression="zstd")
+        rows += data.num_rows if table == "events" else 0
+    return rows
+
+
+def run_pandas(raw: Path, out: Path) -> int:
+    """The same alignment written the direct way: a Python function applied per session."""
+    import pandas as pd
+
+    events = pd.read_parquet(raw / "events")
+    feeds = pd.read_parquet(raw / "feeds")
+    items = pd.read_parquet(raw / "items", columns=["item_id", "title", "category"])
+    titles = dict(zip(items["item_id"], items["title"], strict=True))
+    layouts = {pv: g.sort_values(["y", "x"]) for pv, g in feeds.groupby("page_view_id")}
+
+    def align_session(group: pd.DataFrame) -> pd.DataFrame:
+        group = group.sort_values("ts").copy()
+        group["step"] = range(len(group))
+        layout = layouts[group["page_view_id"].iloc[0]]
+        visible, open_items, open_item = [], [], None
+        for screen, action, top, item in zip(
+            group["screen"], group["action"], group["scroll_top"], group["item_id"], strict=True
+        ):
+            if screen == "feed":
+                shown = [
+                    card
+                    for card, y, h in zip(layout["item_id"], layout["y"], layout["height"], strict=True)
+                    if min(y + h, top + VIEWPORT) - max(y, top) >= h / 2
+                ]
+                visible.append(shown)
+                open_item = item if action == "click" else None
+            else:
+                visible.append(None)
+                if action == "back_home":
+                    open_items.append(open_item)
+                    open_item = None
+                    continue
+            open_items.append(open_item if screen == "ipv" else None)
+        group["visible_items"] = visible
+        group["ipv_item_id"] = open_items
+        group["target_title"] = [
+            titles.get(i) if a == "click" else None
+            for a, i in zip(group["action"], group["item_id"], strict=True)
+        ]
+        return group
+
+    steps = events.groupby("page_view_id", group_keys=False).apply(align_session)
+    sessions = steps.groupby("page_view_id").agg(
+        user_id=("user_id", "first"),
+        start=("ts", "min"),
+        end=("ts", "max"),
+        length=("step", "size"),
+        clicks=("action", lambda a: (a == "click").sum()),
+        buys=("action", lambda a: (a == "ipv_buy").sum()),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    steps.to_parquet(out / "steps.parquet", compression="zstd")
+    sessions.to_parquet(out / "sessions.parquet", compression="zstd")
+    return len(events)
+
+
+VARIANTS = {"ingest": run_ingest, "pandas": run_pandas, "floor": run_floor}
+
+
+def child(variant: str, raw: Path, out: Path) -> None:
+    started = time.perf_counter()
+    rows = VARIANTS[variant](raw, out)
+    wall = time.perf_counter() - started
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"variant": variant, "wall_s": wall, "rows": rows, "peak_rss_mib": peak_kib / 1024}))
+
+
+def measure(variant: str, raw: Path, work: Path) -> dict:
+    out = work / f"out-{variant}"
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", variant, "--raw", str(raw), "--out", str(out)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["output_mib"] = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 2**20
+    return result
+
+
+def machine() -> str:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+def ensure_bundle(users: int, seed: int, work: Path) -> tuple[Path, float]:
+    raw = work / f"raw-{users}-{seed}"
+    if (raw / "manifest.json").exists():
+        return raw, float("nan")
+    from synthetic.bundle import write_bundle
+
+    started = time.perf_counter()
+    write_bundle(raw, users=users, seed=seed, fmt="parquet")
+    return raw, time.perf_counter() - started
+
+
+def report(results: list[dict], users: int, generate_s: float, command: str) -> str:
+    by = {r["variant"]: r for r in results}
+    lines = [
+        f"\n## ingest — {users:,} users ({time.strftime('%Y-%m-%d')})\n",
+        f"Command: `{command}`  ",
+        f"Machine: {machine()}  ",
+        f"Bundle generation: {generate_s:.1f} s (not included below)\n",
+        "| variant | wall s | events | events/s | peak RSS MiB | output MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['variant']} | {r['wall_s']:.2f} | {r['rows']:,} | {r['rows'] / r['wall_s']:,.0f} | "
+            f"{r['peak_rss_mib']:.0f} | {r['output_mib']:.1f} |"
+        )
+    if "ingest" in by and "floor" in by:
+        lines.append(
+            f"\ningest / floor = {by['ingest']['wall_s'] / by['floor']['wall_s']:.2f}x (target <= 2x)"
+        )
+    if "ingest" in by and "pandas" in by:
+        lines.append(
+            f"pandas / ingest = {by['pandas']['wall_s'] / by['ingest']['wall_s']:.1f}x (target >= 10x)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scale", type=float, default=1.0, help="multiple of UserArena's 11,010 users")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--variants", default="floor,ingest,pandas")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / ".work")
+    parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--raw", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.raw, args.out)
+        return
+    users = round(11_010 * args.scale)
+    args.work.mkdir(parents=True, exist_ok=True)
+    raw, generate_s = ensure_bundle(users, args.seed, args.work)
+    results = [measure(v, raw, args.work) for v in args.variants.split(",")]
+    text = report(results, users, generate_s, "python bench/ingest.py " + " ".join(sys.argv[1:]))
+    print(text)
+    if not args.no_record:
+        with (ROOT / "bench" / "RESULTS.md").open("a") as handle:
+            handle.write(text)
+
+
+if __name__ == "__main__":
+    main()
