@@ -23,6 +23,7 @@ from transforms.readers import Pseudonymize, empty_rejects, reject_rows
 from transforms.schemas import ACTION_GROUPS, ACTIONS, FEED_ACTIONS, IPV_ACTIONS, PROFILE_FIELDS, SCREENS
 
 CARD_KEY_SPAN = 1 << 40  # page-view stride in the global sorted card-midpoint key
+FIRST_SCREEN_CARDS = 10  # a session without clicks takes the top category of its first cards
 
 
 @dataclass
@@ -479,7 +480,8 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         )
     )
     shown = (
-        layout.join(top, on="item_id")
+        layout.filter(pl.col("rank") < FIRST_SCREEN_CARDS)
+        .join(top, on="item_id")
         .group_by("session_id", "_top")
         .agg(pl.len().alias("_n"), pl.col("rank").min().alias("_first"))
         .sort("session_id", "_n", "_first", descending=[False, True, False])

@@ -325,74 +325,44 @@ def _coerce_nested(series: pl.Series, name: str, target: pa.DataType) -> tuple[p
     return values, pl.Series(name, [p[1] for p in pairs])
 
 
+def _target_dtypes(table: str) -> dict[str, pl.DataType]:
+    return dict(pl.from_arrow(RAW_TABLES[table].empty_table()).schema)
+
+
 def coerce(
     loose: pl.DataFrame, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame, int]:
     """Cast a loose frame to the declared raw schema.
 
     Returns (typed rows, rejects, naive timestamp count). Undeclared columns are
-    dropped except for ``profiles`` (extra attributes are data there).
+    dropped except for ``profiles`` (extra attributes are data there). Columns
+    that already have their declared type pass through untouched.
     """
-    schema = RAW_TABLES[table]
-    required = RAW_REQUIRED[table]
-    frame = loose
-    bad_type: list[pl.Expr] = []
+    schema, targets = RAW_TABLES[table], _target_dtypes(table)
+    frame = loose.with_columns(
+        [pl.lit(None, dtype=pl.String).alias(f.name) for f in schema if f.name not in loose.columns]
+    )
+    converted: dict[str, pl.Expr] = {}
+    bad_type: dict[str, pl.Expr] = {}
     naive = 0
     for f in schema:
-        if f.name not in frame.columns:
-            frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias(f.name))
+        source = frame.schema[f.name]
+        if source == targets[f.name]:
+            continue
         if f.name in NESTED:
             values, ok = _coerce_nested(frame[f.name], f.name, f.type)
-            frame = frame.with_columns(values, ok.alias(f"_ok_{f.name}"))
-            bad_type.append(~pl.col(f"_ok_{f.name}"))
+            frame = frame.with_columns(values.alias(f"_typed_{f.name}"), ok.alias(f"_ok_{f.name}"))
+            bad_type[f.name] = ~pl.col(f"_ok_{f.name}")
             continue
-        source = frame.schema[f.name]
         if pa.types.is_timestamp(f.type) and source == pl.String:
             naive = int(frame.select(_naive_text(pl.col(f.name)).sum()).item() or 0)
-        converted = _coerce_scalar(pl.col(f.name), source, f.type, unit)
-        frame = frame.with_columns(converted.alias(f"_typed_{f.name}"))
-        bad_type.append(pl.col(f.name).is_not_null() & pl.col(f"_typed_{f.name}").is_null())
-    string_cols = [f.name for f in schema if pa.types.is_string(f.type)]
-    oversized = pl.any_horizontal(
-        [pl.col(f"_typed_{c}").str.len_chars().fill_null(0) > MAX_FIELD_CHARS for c in string_cols]
-    )
-    nul = pl.any_horizontal(
-        [pl.col(f"_typed_{c}").str.contains("\x00", literal=True).fill_null(False) for c in string_cols]
-    )
-    missing = pl.any_horizontal(
-        [(pl.col(f"_typed_{c}") if f"_typed_{c}" in frame.columns else pl.col(c)).is_null() for c in required]
-    )
-    missing_names = pl.concat_str(
-        [pl.when(pl.col(f"_typed_{c}").is_null()).then(pl.lit(c)) for c in required],
-        separator=",",
-        ignore_nulls=True,
-    )
-    reason = (
-        pl.when(pl.any_horizontal(bad_type))
-        .then(pl.lit("schema_mismatch"))
-        .when(oversized)
-        .then(pl.lit("field_too_large"))
-        .when(nul)
-        .then(pl.lit("nul_byte"))
-        .when(missing)
-        .then(pl.lit("missing_required_field"))
-    )
-    mismatched = pl.concat_str(
-        [pl.when(b).then(pl.lit(f.name)) for b, f in zip(bad_type, schema, strict=True)],
-        separator=",",
-        ignore_nulls=True,
-    )
-    detail = (
-        pl.when(pl.any_horizontal(bad_type))
-        .then(pl.concat_str([pl.lit("value does not convert to the declared type: "), mismatched]))
-        .when(oversized)
-        .then(pl.lit(f"a text field is longer than {MAX_FIELD_CHARS} characters"))
-        .when(nul)
-        .then(pl.lit("a text field contains a NUL byte"))
-        .when(missing)
-        .then(pl.concat_str([pl.lit("required field is null: "), missing_names]))
-    )
-    tagged = frame.with_columns(reason.alias("_reason"), detail.alias("_detail"))
+        converted[f.name] = _coerce_scalar(pl.col(f.name), source, f.type, unit)
+        bad_type[f.name] = pl.col(f.name).is_not_null() & pl.col(f"_typed_{f.name}").is_null()
+    frame = frame.with_columns([e.alias(f"_typed_{n}") for n, e in converted.items()])
+    typed = {
+        f.name: pl.col(f"_typed_{f.name}" if f"_typed_{f.name}" in frame.columns else f.name) for f in schema
+    }
+    tagged = frame.with_columns(_reject_reason(schema, table, typed, bad_type))
     declared = [f.name for f in schema]
     extras = (
         [c for c in loose.columns if c not in declared and not c.startswith("_")]
@@ -408,11 +378,55 @@ def coerce(
         pseudonymize,
     )
     good = tagged.filter(pl.col("_reason").is_null()).select(
-        [pl.col(f"_typed_{c}").alias(c) if f"_typed_{c}" in tagged.columns else pl.col(c) for c in declared]
-        + [pl.col(c).cast(pl.String) for c in extras]
-        + [pl.col(c) for c in LOCATORS]
+        [typed[c].alias(c) for c in declared] + [pl.col(c).cast(pl.String) for c in extras] + list(LOCATORS)
     )
     return good, rejects, naive
+
+
+def _reject_reason(
+    schema: pa.Schema, table: str, typed: dict[str, pl.Expr], bad_type: dict[str, pl.Expr]
+) -> list[pl.Expr]:
+    """``_reason`` and ``_detail`` per row: first failing check wins (type, size, NUL, required)."""
+    strings = [typed[f.name] for f in schema if pa.types.is_string(f.type)]
+    required = RAW_REQUIRED[table]
+    mistyped = pl.any_horizontal(list(bad_type.values())) if bad_type else pl.lit(False)
+    oversized = pl.any_horizontal([c.str.len_bytes().fill_null(0) > MAX_FIELD_CHARS for c in strings])
+    nul = pl.any_horizontal([c.str.contains("\x00", literal=True).fill_null(False) for c in strings])
+    missing = pl.any_horizontal([typed[c].is_null() for c in required])
+
+    def names(flags: list[tuple[str, pl.Expr]]) -> pl.Expr:
+        parts = [pl.when(flag).then(pl.lit(name)) for name, flag in flags]
+        return pl.concat_str(parts, separator=",", ignore_nulls=True) if parts else pl.lit("")
+
+    reason = (
+        pl.when(mistyped)
+        .then(pl.lit("schema_mismatch"))
+        .when(oversized)
+        .then(pl.lit("field_too_large"))
+        .when(nul)
+        .then(pl.lit("nul_byte"))
+        .when(missing)
+        .then(pl.lit("missing_required_field"))
+    )
+    detail = (
+        pl.when(mistyped)
+        .then(
+            pl.concat_str(
+                pl.lit("value does not convert to the declared type: "), names(list(bad_type.items()))
+            )
+        )
+        .when(oversized)
+        .then(pl.lit(f"a text field is longer than {MAX_FIELD_CHARS} bytes"))
+        .when(nul)
+        .then(pl.lit("a text field contains a NUL byte"))
+        .when(missing)
+        .then(
+            pl.concat_str(
+                pl.lit("required field is null: "), names([(c, typed[c].is_null()) for c in required])
+            )
+        )
+    )
+    return [reason.alias("_reason"), detail.alias("_detail")]
 
 
 def read_file(
