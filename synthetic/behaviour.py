@@ -1,0 +1,341 @@
+"""The ground-truth shopper: a stochastic policy over the 13 actions, stepped for all sessions at once.
+
+Session plan
+    Each session has an *intent* top category and an action *budget* ``L``.
+    Intent: the first session draws from the shopper's category affinities; each
+    later one continues the previous session's intent with probability
+    ``continue_intent``, else draws afresh (so continuation is above chance).
+    Budget: ``L = 2 + Poisson(mean * patience * Gamma(shape)/shape)``, capped (30
+    actions for one-session shoppers, 41 for returning ones). One-session
+    shoppers browse longer (mean about 15, median 14) than returning shoppers
+    (mean about 8.4, median 8). The session ends, with ``end``, exactly at action
+    ``L`` (wherever the shopper is); before that it never ends.
+
+Feed policy (offset ``o``, visible cards by the 50 % rule, not yet clicked)
+    ``click`` with probability ``sigmoid(click_bias + click_slope * best_visible_appeal)``
+    times the shopper's click propensity; otherwise ``scroll_down`` or, less
+    often (more often right after returning from a detail page), ``scroll_up``.
+    Appeal (see ``synthetic.feeds``) = category affinity + a bonus for the
+    session's intent category - price misfit * price sensitivity + popularity +
+    taste noise, so a better-ranked feed shows more appealing cards early and gets
+    more clicks: that is the A/B effect. The clicked card is drawn among the
+    visible ones with probability proportional to ``exp(appeal / click_temperature)``.
+    Scroll distances scale with the shopper's scroll speed and are clipped to the
+    feed (``1 .. 694`` px, never past ``[0, feed_height - 693]``).
+
+Detail-page policy (visit step ``j``, page offset, open panel, picture index)
+    weights per action, zero where illegal or pointless, then normalised:
+    ``ipv_scroll_down`` (decaying with ``j``), ``ipv_scroll_up`` (offset > 0),
+    ``ipv_swipe_pic`` (not on the last picture), ``ipv_click_param`` and
+    ``ipv_enter_comment`` (once per visit, scaled by review propensity; comments
+    need reviews), ``ipv_click_comment`` (review propensity; needs the review list
+    open or the review block scrolled into view), ``ipv_cart`` / ``ipv_buy``
+    (purchase propensity * interest in the item * price fit; buying is likelier
+    after carting), ``back_home`` (hazard rising with ``j``, higher after a
+    cart/buy). Scrolling the page closes an open panel (``ui_state`` back to
+    ``main``); opening params / comments sets ``params`` / ``comments``.
+
+Winding down
+    One action before the budget runs out the shopper rarely opens a new card
+    and usually leaves an open detail page (``back_home``), so most sessions end on
+    the feed (UserArena: clicks - back_homes = 2.1 % of actions end on a detail page).
+
+Parameters live in ``BehaviourParams`` / ``feeds.FeedParams``; their defaults were
+tuned so that the world reproduces UserArena (DATA.md + ERRATA.md): action mix,
+session lengths, clicks per session, cart/buy rates, category continuation,
+apparel share, click long tail. ``python -m synthetic.calibration`` prints the
+comparison; ``tests/synthetic/test_synthetic_calibration.py`` asserts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from synthetic import taxonomy as tx
+from synthetic.catalog import Catalog
+from synthetic.feeds import FeedParams, Feeds
+from transforms.config import Geometry
+from transforms.schemas import ACTIONS
+
+A = {name: code for code, name in enumerate(ACTIONS)}
+# Detail-page actions the policy chooses among (``end`` is decided by the budget).
+IPV_CHOICES = (
+    "ipv_scroll_down", "ipv_scroll_up", "ipv_swipe_pic", "ipv_click_param", "ipv_enter_comment",
+    "ipv_click_comment", "ipv_cart", "ipv_buy", "back_home",
+)
+IPV_CODES = np.array([A[name] for name in IPV_CHOICES], dtype=np.int8)
+UI_STATES = ("main", "params", "comments")
+INLINE_REVIEWS = 2  # reviews shown in the page's review block
+PANEL_REVIEWS = 4  # reviews visible in the opened review list
+REVIEW_ROW = 120  # px of the review block that must be in view to tap a review
+
+
+@dataclass(frozen=True)
+class BehaviourParams:
+    # session plan
+    single_budget: float = 13.0
+    multi_budget: float = 6.38
+    budget_shape: float = 7.0
+    single_cap: int = 30
+    multi_cap: int = 41
+    continue_intent: float = 0.30
+    # feed
+    click_bias: float = -2.3
+    click_slope: float = 0.6
+    click_temperature: float = 0.6
+    scroll_up: float = 0.07
+    scroll_up_after_return: float = 0.2
+    scroll_sigma: float = 0.35
+    # detail page
+    ipv_scroll_down: float = 1.05
+    ipv_scroll_decay: float = 0.55
+    ipv_scroll_up: float = 0.25
+    ipv_scroll_px: float = 520.0
+    swipe: float = 0.18
+    param: float = 0.11
+    enter_comment: float = 0.15
+    click_comment: float = 0.5
+    cart: float = 0.5
+    buy: float = 0.07
+    buy_after_cart: float = 3.0
+    back_home: float = 0.25
+    back_home_growth: float = 0.35
+    back_home_after_cart: float = 1.5
+    interest_scale: float = 1.0
+    # winding down (the action before ``end``)
+    last_click: float = 0.15
+    last_back_home: float = 6.0
+    feed: FeedParams = field(default_factory=FeedParams)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """One row per action, in session order then step order."""
+
+    session: np.ndarray  # int64
+    step: np.ndarray  # int32
+    action: np.ndarray  # int8 code into ``ACTIONS``
+    item: np.ndarray  # int32 catalog index: clicked card (feed) or open item (ipv); -1 = none
+    scroll_top: np.ndarray  # int32 feed offset before the action (ipv: where back_home returns)
+    scroll_delta: np.ndarray  # int32 px moved by scrolls, -1 = none
+    ipv_scroll: np.ndarray  # int32 page offset before the action, -1 on the feed
+    review_index: np.ndarray  # int32, -1 = none
+    ui_state: np.ndarray  # int8 index into UI_STATES, -1 on the feed
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _categorical(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
+    """Row-wise draw of a column index proportional to non-negative weights."""
+    cum = np.cumsum(weights, axis=1)
+    u = rng.random(len(weights)) * cum[:, -1]
+    return np.minimum((cum <= u[:, None]).sum(axis=1), weights.shape[1] - 1)
+
+
+@dataclass
+class _State:
+    """Mutable per-session state while stepping."""
+
+    screen: np.ndarray  # 0 feed, 1 detail page
+    offset: np.ndarray
+    max_offset: np.ndarray
+    clicked: np.ndarray  # (sessions, cards) bool
+    returned: np.ndarray  # last action was back_home
+    item: np.ndarray
+    interest: np.ndarray
+    page: np.ndarray
+    page_max: np.ndarray
+    ui: np.ndarray
+    pic: np.ndarray
+    visit_step: np.ndarray
+    carted: np.ndarray
+    bought: np.ndarray
+    param_seen: np.ndarray
+    comments_seen: np.ndarray
+
+    @classmethod
+    def start(cls, feeds: Feeds, geometry: Geometry) -> _State:
+        if (feeds.feed_height <= geometry.feed_viewport).any():
+            raise ValueError("every feed must be taller than the viewport (a scroll must be possible)")
+        n = len(feeds.n_cards)
+        zeros = lambda dtype: np.zeros(n, dtype=dtype)  # noqa: E731
+        return cls(
+            screen=zeros(np.int8), offset=zeros(np.int32),
+            max_offset=(feeds.feed_height - geometry.feed_viewport).astype(np.int32),
+            clicked=np.zeros(feeds.item.shape, dtype=bool), returned=zeros(bool),
+            item=np.full(n, -1, dtype=np.int32), interest=zeros(np.float64),
+            page=zeros(np.int32), page_max=zeros(np.int32), ui=zeros(np.int8), pic=zeros(np.int32),
+            visit_step=zeros(np.int32), carted=zeros(bool), bought=zeros(bool), param_seen=zeros(bool),
+            comments_seen=zeros(bool),
+        )
+
+
+@dataclass(frozen=True)
+class SessionTraits:
+    """Per-session copies of the shopper traits the policy reads."""
+
+    click: np.ndarray
+    scroll_px: np.ndarray
+    review: np.ndarray
+    purchase: np.ndarray
+    price_sensitivity: np.ndarray
+    price_level: np.ndarray
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, idx: np.ndarray, t: int, action: np.ndarray, st: _State, item: np.ndarray,
+            delta: np.ndarray, review: np.ndarray, on_ipv: bool) -> None:
+        n = len(idx)
+        self.parts.append((
+            idx, np.full(n, t, np.int32), action.astype(np.int8), item.astype(np.int32),
+            st.offset[idx].copy(), delta.astype(np.int32),
+            st.page[idx].copy() if on_ipv else np.full(n, -1, np.int32), review.astype(np.int32),
+            st.ui[idx].copy() if on_ipv else np.full(n, -1, np.int8),
+        ))
+
+    def steps(self) -> Steps:
+        cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
+        order = np.lexsort((cols[1], cols[0]))
+        return Steps(*(c[order] for c in cols))
+
+
+@dataclass
+class _Simulation:
+    """Everything one run reads (world, feeds, traits) plus the state it mutates."""
+
+    rng: np.random.Generator
+    feeds: Feeds
+    cat: Catalog
+    traits: SessionTraits
+    p: BehaviourParams
+    geometry: Geometry
+    st: _State
+    rec: _Recorder
+
+    def feed_step(self, idx: np.ndarray, t: int, winding: np.ndarray) -> None:
+        rng, feeds, traits, p, geo, st = self.rng, self.feeds, self.traits, self.p, self.geometry, self.st
+        off = st.offset[idx]
+        y, h = feeds.y[idx], feeds.height[idx]
+        top = np.maximum(y, off[:, None])
+        bottom = np.minimum(y + h, off[:, None] + geo.feed_viewport)
+        # integer form of "at least half the card's height inside the viewport"
+        visible = (2 * (bottom - top) >= h) & (h > 0) & ~st.clicked[idx]
+        appeal = np.where(visible, feeds.appeal[idx], -np.inf)
+        best = appeal.max(axis=1)
+        can_click = np.isfinite(best)
+        logit = p.click_bias + p.click_slope * np.where(can_click, best, 0.0) + np.log(traits.click[idx])
+        p_click = np.where(can_click, _sigmoid(logit), 0.0) * np.where(winding, p.last_click, 1.0)
+        w_up = (off > 0) * np.where(st.returned[idx], p.scroll_up_after_return, p.scroll_up)
+        w_down = (off < st.max_offset[idx]) * (1.0 - w_up)
+        click = rng.random(len(idx)) < p_click
+        up = ~click & (rng.random(len(idx)) * (w_up + w_down) < w_up)
+        down = ~click & ~up
+        # Scroll distance: the shopper's habit, clipped to the room left and to the protocol's 694 px.
+        dist = np.clip(np.rint(traits.scroll_px[idx] * rng.lognormal(0, p.scroll_sigma, len(idx))),
+                       40, geo.max_feed_scroll).astype(np.int32)
+        dist = np.where(down, np.minimum(dist, st.max_offset[idx] - off), np.minimum(dist, off))
+        # Which card: Gumbel-max over the visible cards, softmax(appeal / temperature).
+        gumbel = -np.log(-np.log(rng.random(appeal.shape)))
+        card = np.argmax(appeal / p.click_temperature + gumbel, axis=1)
+        item = np.where(click, feeds.item[idx, card], -1)
+        action = np.select([click, up], [A["click"], A["scroll_up"]], A["scroll_down"])
+        self.rec.add(idx, t, action, st, item, np.where(click, -1, dist), np.full(len(idx), -1), False)
+        st.offset[idx] = off + np.where(down, dist, 0) - np.where(up, dist, 0)
+        st.returned[idx] = False
+        self._open(idx[click], card[click], item[click], appeal[click, card[click]])
+
+    def _open(self, c: np.ndarray, card: np.ndarray, item: np.ndarray, appeal: np.ndarray) -> None:
+        """Clicked sessions move to a fresh detail page of ``item``."""
+        st = self.st
+        st.clicked[c, card] = True
+        st.screen[c] = 1
+        st.item[c] = item
+        st.interest[c] = _sigmoid(self.p.interest_scale * appeal - 1.0)
+        st.page_max[c] = self.cat.page_height[item] - self.geometry.ipv_viewport
+        for counter in (st.page, st.ui, st.pic, st.visit_step):
+            counter[c] = 0
+        for flag in (st.carted, st.bought, st.param_seen, st.comments_seen):
+            flag[c] = False
+
+    def ipv_step(self, idx: np.ndarray, t: int, winding: np.ndarray) -> None:
+        rng, cat, traits, p, geo, st = self.rng, self.cat, self.traits, self.p, self.geometry, self.st
+        item, page, ui, j = st.item[idx], st.page[idx], st.ui[idx], st.visit_step[idx]
+        n_rev = cat.n_reviews[item].astype(np.int32)
+        review_row_in_view = page + geo.ipv_viewport >= cat.review_top[item] + REVIEW_ROW
+        can_tap_review = (n_rev > 0) & ((ui == 2) | (ui == 0) & review_row_in_view)  # panels cover the page
+        carted, bought = st.carted[idx], st.bought[idx]
+        review, purchase = traits.review[idx], traits.purchase[idx] * st.interest[idx]
+        # Paying above one's usual level for the category puts buying off, in proportion to price sensitivity.
+        over_price = np.log(cat.price[item] / (tx.L1_PRICE[cat.l1[item]] * traits.price_level[idx])).clip(0)
+        price_fit = np.exp(-traits.price_sensitivity[idx] * over_price)
+        weights = np.stack([
+            p.ipv_scroll_down * p.ipv_scroll_decay ** j * (page < st.page_max[idx]),
+            p.ipv_scroll_up * (page > 0),
+            p.swipe * (st.pic[idx] < cat.n_pics[item] - 1),
+            p.param * review**0.5 * ~st.param_seen[idx],
+            p.enter_comment * review * (n_rev > 0) * ~st.comments_seen[idx],
+            p.click_comment * review * can_tap_review,
+            p.cart * purchase * ~carted * ~bought,
+            p.buy * purchase * price_fit**0.5 * (1 + p.buy_after_cart * carted) * ~bought,
+            p.back_home * (1 + p.back_home_growth * j) * (1 + p.back_home_after_cart * (carted | bought))
+            * np.where(winding, p.last_back_home, 1.0),
+        ], axis=1)
+        choice = _categorical(rng, weights)
+        action = IPV_CODES[choice]
+        scrolls = choice <= 1
+        dist = np.clip(np.rint(p.ipv_scroll_px * rng.lognormal(0, p.scroll_sigma, len(idx))), 40,
+                       geo.max_ipv_scroll).astype(np.int32)
+        dist = np.where(choice == 0, np.minimum(dist, st.page_max[idx] - page), np.minimum(dist, page))
+        shown = np.minimum(n_rev, np.where(ui == 2, PANEL_REVIEWS, INLINE_REVIEWS))
+        review_index = np.where(choice == 5, (rng.random(len(idx)) * shown).astype(np.int32), -1)
+        self.rec.add(idx, t, action, st, item, np.where(scrolls, dist, -1), review_index, True)
+        st.page[idx] = page + np.where(choice == 0, dist, 0) - np.where(choice == 1, dist, 0)
+        st.ui[idx] = np.select([scrolls, choice == 3, (choice == 4) | (choice == 5)], [0, 1, 2], ui)
+        st.pic[idx] += choice == 2
+        st.param_seen[idx] |= choice == 3
+        st.comments_seen[idx] |= choice == 4
+        st.carted[idx] |= choice == 6
+        st.bought[idx] |= choice == 7
+        st.visit_step[idx] = j + 1
+        home = idx[choice == 8]
+        st.screen[home] = 0
+        st.returned[home] = True
+        st.item[home] = -1
+
+    def end_step(self, idx: np.ndarray, t: int) -> None:
+        """``end`` wherever the shopper is (feed, or the open detail page)."""
+        for on_ipv in (False, True):
+            sel = idx[(self.st.screen[idx] == 1) == on_ipv]
+            none = np.full(len(sel), -1)
+            item = self.st.item[sel] if on_ipv else none
+            self.rec.add(sel, t, np.full(len(sel), A["end"]), self.st, item, none, none, on_ipv)
+
+
+def simulate_steps(
+    rng: np.random.Generator,
+    budget: np.ndarray,
+    feeds: Feeds,
+    cat: Catalog,
+    traits: SessionTraits,
+    params: BehaviourParams,
+    geometry: Geometry,
+) -> Steps:
+    """Run every session to its budget; the Python loop is over the step index only."""
+    sim = _Simulation(rng, feeds, cat, traits, params, geometry, _State.start(feeds, geometry), _Recorder())
+    for t in range(int(budget.max())):
+        live, last, winding = budget > t, budget == t + 1, budget == t + 2
+        sim.end_step(np.flatnonzero(last), t)
+        on_feed = live & ~last & (sim.st.screen == 0)
+        on_ipv = live & ~last & (sim.st.screen == 1)
+        # Both index sets are taken before either step runs: a session acts once per step.
+        ipv_idx, feed_idx = np.flatnonzero(on_ipv), np.flatnonzero(on_feed)
+        sim.feed_step(feed_idx, t, winding[feed_idx])
+        sim.ipv_step(ipv_idx, t, winding[ipv_idx])
+    return sim.rec.steps()

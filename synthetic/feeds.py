@@ -1,0 +1,158 @@
+"""Pre-rendered feeds: candidate items, the two ranking policies, and the masonry layout.
+
+Candidates of a page view: a share of cards from the session's intent category
+(the shopper arrived with something in mind, e.g. from a category tab) and the
+rest drawn from the whole catalog by popularity. Both policies rank the *same*
+candidates, so an A/B difference comes from the ranking alone:
+
+* ``baseline``  — popularity with noise;
+* ``treatment`` — personalised: the shopper's category affinity (relative to the
+  category's population share) and price fit, plus a little popularity (what a
+  recommender can learn from history; it does not see the session intent).
+
+Layout: two columns of ``CARD_WIDTH`` px at x = 4 and x = 203 (screen 402 px), card
+heights 250-380 px, each card placed in the currently shorter column (left on ties),
+8 px gaps; ``feed_height`` = tallest column + bottom padding.
+
+All arrays are padded ``(page views, MAX_CARDS)`` matrices in reading (rank) order;
+padding has ``height == 0`` and ``item == -1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from synthetic import taxonomy as tx
+from synthetic.catalog import Catalog
+
+CARDS = (30, 120)
+MAX_CARDS = CARDS[1]
+CARD_WIDTH = 195
+COLUMN_X = (4, 203)
+CARD_HEIGHT = (250, 380)
+GAP = 8
+PAD_Y = 1_000_000_000  # y of padding slots: never inside a viewport
+EXTRA_CANDIDATES = 10  # over-draw, then drop duplicates within a page view
+
+
+@dataclass(frozen=True)
+class Feeds:
+    item: np.ndarray  # int32 (pv, K), -1 = padding
+    x: np.ndarray  # int32
+    y: np.ndarray  # int32, top of card in feed px (PAD_Y for padding)
+    height: np.ndarray  # int32, 0 for padding
+    n_cards: np.ndarray  # int32 (pv,)
+    feed_height: np.ndarray  # int32 (pv,)
+    appeal: np.ndarray  # float32 (pv, K): the shopper's utility of each card, -inf for padding
+
+
+@dataclass(frozen=True)
+class FeedParams:
+    intent_share: float = 0.35  # candidates drawn from the session's intent category
+    baseline_noise: float = 1.0  # sd of the noise added to log popularity
+    treat_affinity: float = 1.0  # treatment score weight on log category affinity
+    treat_price: float = 0.8  # treatment score weight on price misfit
+    treat_popularity: float = 0.4
+    treat_noise: float = 0.6
+    # The shopper's own utility of a card.
+    appeal_affinity: float = 0.55
+    appeal_intent: float = 1.6
+    appeal_price: float = 0.9
+    appeal_popularity: float = 0.05
+    appeal_noise: float = 0.8
+
+
+def price_misfit(cat: Catalog, items: np.ndarray, price_level: np.ndarray) -> np.ndarray:
+    """|log(price / the shopper's preferred price for that category)|."""
+    return np.abs(np.log(cat.price[items] / (tx.L1_PRICE[cat.l1[items]] * price_level)))
+
+
+def _candidates(
+    rng: np.random.Generator, cat: Catalog, intent: np.ndarray, n_cards: np.ndarray, share: float
+) -> np.ndarray:
+    """Candidate items (pv, n_cards.max() + EXTRA) sorted per row; -1 marks padding and duplicates."""
+    n_pv, width = len(intent), int(n_cards.max()) + EXTRA_CANDIDATES
+    l1 = np.where(
+        rng.random((n_pv, width)) < share,
+        intent[:, None],
+        np.searchsorted(np.cumsum(tx.L1_SHARES), rng.random((n_pv, width)) * tx.L1_SHARES.sum()),
+    ).clip(0, tx.N_L1 - 1)
+    item = cat.sample(rng, l1.ravel()).reshape(n_pv, width)
+    big = np.int32(np.iinfo(np.int32).max)
+    item = np.sort(np.where(np.arange(width) < (n_cards + EXTRA_CANDIDATES)[:, None], item, big), axis=1)
+    dup = np.zeros_like(item, dtype=bool)
+    dup[:, 1:] = item[:, 1:] == item[:, :-1]
+    return np.where(dup | (item == big), -1, item)
+
+
+def _masonry(height: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Place cards (pv, K) in rank order into the shorter of two columns; padding (height 0) is skipped."""
+    n_pv, k_max = height.shape
+    bottom = np.zeros((n_pv, 2), dtype=np.int32)
+    x = np.zeros_like(height)
+    y = np.full_like(height, PAD_Y)
+    rows = np.arange(n_pv)
+    for k in range(k_max):
+        real = height[:, k] > 0
+        col = (bottom[:, 1] < bottom[:, 0]).astype(np.int64)  # left on ties
+        top = bottom[rows, col] + GAP
+        x[:, k] = np.where(real, np.array(COLUMN_X, dtype=np.int32)[col], 0)
+        y[:, k] = np.where(real, top, PAD_Y)
+        bottom[rows, col] = np.where(real, top + height[:, k], bottom[rows, col])
+    return x, y, bottom.max(axis=1) + GAP
+
+
+def build_feeds(
+    rng: np.random.Generator,
+    cat: Catalog,
+    affinity: np.ndarray,
+    price_level: np.ndarray,
+    price_sensitivity: np.ndarray,
+    intent: np.ndarray,
+    treatment: np.ndarray,
+    params: FeedParams,
+) -> Feeds:
+    """Feeds for sessions; per-session arrays (affinity rows, price traits, intent, arm) are aligned."""
+    n_pv = len(intent)
+    n_cards = rng.integers(CARDS[0], CARDS[1], n_pv, endpoint=True)
+    cand = _candidates(rng, cat, intent, n_cards, params.intent_share)
+    real = cand >= 0
+    item = np.where(real, cand, 0)
+    l1 = cat.l1[item]
+    log_pop = np.log(cat.popularity[item])
+    # Affinity relative to the population share: the average shopper is category-neutral.
+    log_aff = np.log(np.take_along_axis(affinity, l1.astype(np.int64), axis=1) / tx.L1_SHARES[l1])
+    misfit = price_misfit(cat, item, price_level[:, None])
+    noise = rng.normal(0, 1, item.shape)
+    score = np.where(
+        treatment[:, None],
+        params.treat_affinity * log_aff - params.treat_price * misfit + params.treat_popularity * log_pop
+        + params.treat_noise * noise,
+        log_pop + params.baseline_noise * noise,
+    )
+    order = np.argsort(np.where(real, -score, np.inf), axis=1, kind="stable")[:, :MAX_CARDS]
+    keep = np.arange(MAX_CARDS) < np.minimum(n_cards, real.sum(axis=1))[:, None]
+    pick = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
+    appeal = (
+        params.appeal_affinity * pick(log_aff)
+        + params.appeal_intent * (pick(l1) == intent[:, None])
+        - params.appeal_price * price_sensitivity[:, None] * pick(misfit)
+        + params.appeal_popularity * pick(log_pop)
+        + params.appeal_noise * rng.normal(0, 1, order.shape)
+    )
+    grid_item = np.where(keep, pick(item), -1).astype(np.int32)
+    grid_h = np.where(keep, rng.integers(CARD_HEIGHT[0], CARD_HEIGHT[1], order.shape, endpoint=True), 0)
+    grid_h = grid_h.astype(np.int32)
+    grid_appeal = np.where(keep, appeal, -np.inf).astype(np.float32)
+    x, y, feed_height = _masonry(grid_h)
+    return Feeds(
+        item=grid_item,
+        x=x,
+        y=y,
+        height=grid_h,
+        n_cards=keep.sum(axis=1).astype(np.int32),
+        feed_height=feed_height.astype(np.int32),
+        appeal=grid_appeal,
+    )
