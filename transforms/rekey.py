@@ -1,21 +1,42 @@
 """Keyed pseudonyms for platform ids, and the user split derived from them.
 
-Each raw id becomes ``<prefix>_<16 hex>`` = keyed BLAKE2b(raw id): stable for a
-key, unlinkable to the platform id without it. Hashing runs once per *distinct*
-id and is joined back, so cost scales with the id vocabulary, not the rows.
+Each raw id becomes ``<prefix>_<16 hex>``: the first 64 bits of
+HMAC-SHA256(key, kind + "\\x1f" + raw id). Stable for a key, unlinkable to the
+platform id without it. The HMAC runs vectorised in DuckDB, once per *distinct*
+id; rows are mapped by a hash lookup (or per run, where a column comes in runs).
 """
 
 from __future__ import annotations
 
 import hashlib
 
+import duckdb
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 PREFIXES: dict[str, str] = {"user": "u", "session": "s", "item": "i", "event": "e", "image": "m"}
 
 
-def _digest(value: str, key: bytes, person: bytes) -> bytes:
-    return hashlib.blake2b(value.encode("utf-8"), key=key, person=person, digest_size=8).digest()
+HMAC_BLOCK = 64  # SHA-256 block size in bytes
+
+
+def _hmac_pads(key: bytes) -> tuple[bytes, bytes]:
+    """RFC 2104 inner and outer padded keys."""
+    if len(key) > HMAC_BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(HMAC_BLOCK, b"\0")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
+def keyed_hex(values: pl.Series, key: bytes, kind: str) -> pl.DataFrame:
+    """``raw -> hex``: first 16 hex digits of HMAC-SHA256(key, kind \\x1f raw) per value."""
+    inner, outer = _hmac_pads(key)
+    frame = values.to_frame("raw")  # noqa: F841 - read by DuckDB's replacement scan
+    inner_hash = "unhex(sha256($inner::BLOB || encode($tag || raw)))"
+    sql = f"SELECT raw, substr(sha256($outer::BLOB || {inner_hash}), 1, 16) AS hex FROM frame"
+    with duckdb.connect() as con:
+        return con.sql(sql, params={"outer": outer, "inner": inner, "tag": f"{kind}\x1f"}).pl()
 
 
 #: raw id column -> id kind (lists are re-keyed element-wise)
@@ -35,7 +56,7 @@ class Pseudonymizer:
     """Keyed pseudonyms, computed once per distinct raw id and cached per kind."""
 
     def __init__(self, key: str, keep_image_refs: bool = False) -> None:
-        self._secret = key.encode("utf-8")[:64]
+        self._secret = key.encode("utf-8")
         empty = pl.DataFrame(schema={"raw": pl.String, "key": pl.String})
         self._known: dict[str, pl.DataFrame] = dict.fromkeys(PREFIXES, empty)
         # image refs are platform URLs/paths that often embed ids: keyed too unless told otherwise
@@ -47,31 +68,36 @@ class Pseudonymizer:
         known = self._known[kind]
         fresh = distinct.filter(~distinct.is_in(known["raw"].implode())) if known.height else distinct
         if fresh.len():
-            prefix, person = PREFIXES[kind], kind.encode("utf-8")[:16]
-            keys = [f"{prefix}_{_digest(v, self._secret, person).hex()}" for v in fresh.to_list()]
-            known = pl.concat([known, pl.DataFrame({"raw": fresh, "key": keys}, schema=known.schema)])
+            hexes = keyed_hex(fresh, self._secret, kind)
+            keyed = hexes.select("raw", (pl.lit(f"{PREFIXES[kind]}_") + pl.col("hex")).alias("key"))
+            known = pl.concat([known, keyed])
             self._known[kind] = known
         return known
 
     def column(self, values: pl.Series, kind: str) -> pl.Series:
         """``values`` (strings, or lists of strings) with every id replaced by its pseudonym."""
         if isinstance(values.dtype, pl.List):
-            flat = pl.DataFrame({"ids": values}).with_row_index("row").explode("ids")
-            flat = flat.with_columns(self.column(flat["ids"], kind))
-            rebuilt = flat.group_by("row", maintain_order=True).agg(pl.col("ids").drop_nulls())
-            return (
-                rebuilt.with_columns(original=values)
-                .select(pl.when(pl.col("original").is_null()).then(None).otherwise(pl.col("ids")))
-                .to_series()
-                .alias(values.name)
-            )
-        mapping = self.mapping(values.cast(pl.String), kind)
-        return (
-            values.cast(pl.String)
-            .to_frame("raw")
-            .join(mapping, on="raw", how="left", maintain_order="left")["key"]
-            .alias(values.name)
-        )
+            return self._list_column(values, kind)
+        strings = values.cast(pl.String)
+        runs = strings.rle()
+        if runs.len() * 4 < strings.len():  # sorted by this id: map each run once
+            keyed = self._lookup(runs.struct.field("value"), kind)
+            return keyed.repeat_by(runs.struct.field("len")).explode().alias(values.name)
+        return self._lookup(strings, kind).alias(values.name)
+
+    def _lookup(self, strings: pl.Series, kind: str) -> pl.Series:
+        mapping = self.mapping(strings, kind)
+        return strings.replace_strict(mapping["raw"], mapping["key"], default=None, return_dtype=pl.String)
+
+    def _list_column(self, values: pl.Series, kind: str) -> pl.Series:
+        """Map the flattened ids and rebuild the lists from the same offsets (nulls stay null)."""
+        lists = values.cast(pl.List(pl.String)).to_arrow()
+        lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+        offsets = pc.subtract(lists.offsets, lists.offsets[0])
+        flat = self.column(pl.from_arrow(lists.flatten()).cast(pl.String), kind).to_arrow()
+        mask = lists.is_null() if lists.null_count else None
+        rebuilt = type(lists).from_arrays(offsets, flat, mask=mask)
+        return pl.from_arrow(rebuilt).alias(values.name)
 
     def __call__(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Re-key every known id column present in ``frame``."""
