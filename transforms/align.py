@@ -58,7 +58,8 @@ def dedupe(
     frame: pl.DataFrame, keys: list[str], table: str, reason: str, pseudonymize: Pseudonymize | None = None
 ) -> Checked:
     """Merge exact duplicate rows (counted); later rows that reuse a key with other values are rejected."""
-    if not frame.select(pl.struct(keys).is_duplicated().any()).item():
+    # hashes first: equal keys hash equal, so no duplicate hash means no duplicate key
+    if not frame.select(pl.struct(keys).hash(seed=0).is_duplicated().any()).item():
         return Checked(frame)  # the common case: every key once, nothing to merge or reject
     data = [c for c in frame.columns if not c.startswith("_")]
     ordered = frame.sort("_file", "_row")

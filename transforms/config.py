@@ -43,5 +43,5 @@ class IngestSettings(BaseSettings):
     )
     split_seed: int = 42
     split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
-    zstd_level: int = 3
+    zstd_level: int = 1  # zstd's fast end: ingest is write-heavy, the lake is read-many
     timestamp_unit: str = Field("auto", description="epoch unit of numeric timestamps: auto | s | ms | us")

@@ -57,7 +57,8 @@ def _write_tree(
         # an empty table still exists, so readers and views find its schema
         _write_parquet(conform(frame, schema), root / f"{partition_by}=0" / "part-0.parquet", zstd)
         return
-    for (key,), part in frame.sort(partition_by).partition_by(partition_by, as_dict=True).items():
+    # maintain_order keeps each partition in the frame's own (deterministic) order: no sort needed
+    for (key,), part in frame.partition_by(partition_by, as_dict=True, maintain_order=True).items():
         _write_parquet(conform(part, schema), root / f"{partition_by}={key}" / "part-0.parquet", zstd)
 
 
@@ -77,7 +78,7 @@ def write_table(
     frame: pl.DataFrame,
     *,
     schema: pa.Schema | None = None,
-    zstd_level: int = 3,
+    zstd_level: int = 1,
 ) -> Path:
     """Atomically (re)write lake table ``name`` from ``frame``; returns its folder."""
     schema = schema or LAKE_TABLES[name]
@@ -91,7 +92,7 @@ def write_table(
     return table_dir(lake, name)
 
 
-def write_quarantine(lake: str | Path, stage: str, frame: pl.DataFrame, *, zstd_level: int = 3) -> Path:
+def write_quarantine(lake: str | Path, stage: str, frame: pl.DataFrame, *, zstd_level: int = 1) -> Path:
     """Replace the quarantine rows of one stage (re-runs of a stage never duplicate rows)."""
     staged = Path(lake) / STAGING / f"quarantine-{stage}-{uuid.uuid4().hex[:8]}"
     target = table_dir(lake, "quarantine") / f"stage={stage}"

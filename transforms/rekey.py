@@ -86,8 +86,17 @@ class Pseudonymizer:
         return self._lookup(strings, kind).alias(values.name)
 
     def _lookup(self, strings: pl.Series, kind: str) -> pl.Series:
-        mapping = self.mapping(strings, kind)
-        return strings.replace_strict(mapping["raw"], mapping["key"], default=None, return_dtype=pl.String)
+        """Map through the pseudonyms known so far; learn (hash) only the values not yet known."""
+        keyed = self._replace(strings, kind)
+        unknown = keyed.is_null() & strings.is_not_null()
+        if unknown.any():
+            self.mapping(strings.filter(unknown), kind)
+            keyed = self._replace(strings, kind)
+        return keyed
+
+    def _replace(self, strings: pl.Series, kind: str) -> pl.Series:
+        known = self._known[kind]
+        return strings.replace_strict(known["raw"], known["key"], default=None, return_dtype=pl.String)
 
     def _list_column(self, values: pl.Series, kind: str) -> pl.Series:
         """Map the flattened ids and rebuild the lists from the same offsets (nulls stay null)."""
