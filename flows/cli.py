@@ -85,6 +85,44 @@ def ingest(
 
 
 @app.command()
+def chain(lake: LakeOption = Path("sample/lake")) -> None:
+    """Sessions -> per-user histories, with chain statistics beside the UserArena paper's."""
+    from flows.chain import chain_command
+
+    chain_command(str(lake))
+
+
+@app.command()
+def records(
+    lake: LakeOption = Path("sample/lake"),
+    mode: Annotated[str, typer.Option("--mode", help="single | cross | both")] = "both",
+    window_single: Annotated[int, typer.Option("--window-single", help="past steps shown, single mode")] = 10,
+    window_cross: Annotated[int, typer.Option("--window-cross", help="past steps shown, cross mode")] = 20,
+    recent_clicks: Annotated[int, typer.Option("--recent-clicks")] = 20,
+    recent_buys: Annotated[int, typer.Option("--recent-buys")] = 20,
+    chunk_states: Annotated[int, typer.Option("--chunk-states", help="states rendered per batch")] = 100_000,
+    export_jsonl: Annotated[Path | None, typer.Option("--export-jsonl", help="chat-format JSONL")] = None,
+    export_split: Annotated[
+        str, typer.Option("--export-split", help="train | val | test | a,b | all")
+    ] = "train",
+) -> None:
+    """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
+    from flows.records import records_command
+
+    records_command(
+        str(lake),
+        mode,
+        window_single,
+        window_cross,
+        recent_clicks,
+        recent_buys,
+        chunk_states,
+        str(export_jsonl) if export_jsonl else None,
+        export_split,
+    )
+
+
+@app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="read-only SQL over the lake views")],
     lake: LakeOption = Path("sample/lake"),
@@ -112,11 +150,13 @@ def run(
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
 ) -> None:
-    """The main job on the embedded default: synthetic logs -> ingest -> lake."""
+    """The main job on the embedded default: synthetic logs -> ingest -> chain -> records."""
     started = time.perf_counter()
     raw, lake = workdir / "raw", workdir / "lake"
     synth(out=raw, users=users, seed=seed, fmt="parquet")
     ingest(raw=raw, lake=lake, config=None, buckets=None, force=False, source_format="bundle")
+    chain(lake=lake)
+    records(lake=lake)
     catalog = (lake / "warehouse.duckdb").resolve()
     console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")
     console.print(f'try: trajforge sql --lake {lake} "SELECT * FROM action_mix()"')

@@ -187,7 +187,7 @@ SESSIONS = pa.schema(
         ("ended", pa.bool_()),
         ("terminal", pa.string()),
         ("categories", pa.list_(pa.string())),  # top categories of clicked items, first-seen order
-        ("top_category", pa.string()),  # most clicked top category, else most shown in the feed
+        ("top_category", pa.string()),  # most clicked top category, else most shown in the first 10 cards
         ("feed_items", pa.int32()),
         ("feed_height", pa.int32()),
         ("profile_missing", pa.bool_()),
@@ -279,7 +279,8 @@ HISTORIES = pa.schema(
         ("session_ids", pa.list_(pa.string())),  # by start_ts, ties by session_id
         ("start_ts", pa.list_(TS)),
         ("gaps_s", pa.list_(pa.float64())),  # n-1: next start - previous end, s, overlaps -> 0
-        ("continues", pa.list_(pa.bool_())),  # n-1: top categories of clicks intersect the previous's
+        ("continues", pa.list_(pa.bool_())),  # n-1: same top_category as the previous session
+        ("top_categories", pa.list_(pa.string())),  # sessions.top_category, per session
         ("lengths", pa.list_(pa.int32())),  # actions per session
         ("n_sessions", pa.int32()),
         ("n_actions", pa.int32()),
@@ -296,6 +297,54 @@ HISTORIES = pa.schema(
     ]
 )
 
+INTENT_ANCHOR = pa.struct([("type", pa.string()), ("text", pa.string()), ("confidence", pa.float64())])
+INTENTS = pa.schema(
+    [
+        ("trajectory_id", pa.string()),  # session_id (single mode) or user_id (cross mode)
+        ("mode", pa.string()),  # single | cross
+        ("user_id", pa.string()),
+        ("session_ids", pa.list_(pa.string())),  # the trajectory's sessions, in order
+        ("split", pa.string()),  # always "train": intents are extracted from the training split only
+        ("anchors", pa.list_(INTENT_ANCHOR)),  # typed anchors (EXTRACTION.md)
+        ("intent_text", pa.string()),  # rendered text the teacher sees (records.intent)
+        ("backend", pa.string()),  # openai | heuristic
+        ("model", pa.string()),  # served model name, or "rules" for the heuristic backend
+        ("prompt_version", pa.string()),
+        ("prompt_hash", pa.string()),
+        ("request_key", pa.string()),  # cache key of the accepted answer (null for the heuristic)
+        ("tokens_in", pa.int64()),
+        ("tokens_out", pa.int64()),
+        ("attempts", pa.int32()),  # answers asked for: 1 + re-asks
+        ("cached", pa.bool_()),  # every answer came from the response cache
+        ("leakage_verdict", pa.string()),  # clean | clean_after_reask (rejected ones go to quarantine)
+        ("violations", pa.list_(pa.string())),  # codes found in rejected earlier answers
+        ("bucket", pa.int32()),
+    ]
+)
+RATIONALES = pa.schema(
+    [
+        ("record_id", pa.string()),  # "<session_id>:<step>"
+        ("session_id", pa.string()),
+        ("user_id", pa.string()),
+        ("step", pa.int32()),
+        ("action", pa.string()),
+        ("rationale", pa.string()),
+        ("split", pa.string()),
+        ("backend", pa.string()),
+        ("model", pa.string()),
+        ("prompt_version", pa.string()),
+        ("prompt_hash", pa.string()),
+        ("request_key", pa.string()),
+        ("tokens_in", pa.int64()),
+        ("tokens_out", pa.int64()),
+        ("attempts", pa.int32()),
+        ("cached", pa.bool_()),
+        ("checks_passed", pa.list_(pa.string())),  # names of the checks the text passed
+        ("violations", pa.list_(pa.string())),  # codes found in rejected earlier answers
+        ("bucket", pa.int32()),
+    ]
+)
+
 LAKE_TABLES: dict[str, pa.Schema] = {
     "steps": STEPS,
     "sessions": SESSIONS,
@@ -306,6 +355,8 @@ LAKE_TABLES: dict[str, pa.Schema] = {
     "quarantine": QUARANTINE,
     "records": RECORDS,
     "histories": HISTORIES,
+    "intents": INTENTS,
+    "rationales": RATIONALES,
 }
 # Tables partitioned by user bucket (hive layout bucket=K/); the rest are single files.
 PARTITIONED: tuple[str, ...] = ("steps", "sessions", "feed_layouts", "records")

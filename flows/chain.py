@@ -1,0 +1,92 @@
+"""The chain flow: sessions -> histories, a summary comparable with the paper, the catalog."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from rich.console import Console
+from rich.table import Table
+
+from transforms.catalog import refresh_catalog
+from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
+from transforms.lake import scan_table, write_table
+
+RUNS = "_runs"
+
+
+def summary_path(lake: str | Path) -> Path:
+    return Path(lake) / RUNS / "chain" / "summary.json"
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Atomic JSON write: readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(payload, indent=2, default=str))
+    os.replace(temporary, path)
+
+
+@task(name="chain-histories", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def chain_histories(lake: str) -> dict:
+    """Read sessions, write histories; returns the statistics (small)."""
+    histories = chain(scan_table(lake, "sessions")).collect()
+    stats = chain_stats(histories)
+    path = write_table(lake, "histories", histories)
+    return {"histories": str(path), "rows": histories.height, "stats": stats.model_dump()}
+
+
+@task(name="refresh-catalog", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def catalog(lake: str) -> str:
+    return str(refresh_catalog(lake))
+
+
+@task(name="record-chain-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+def record_run(lake: str, result: dict) -> str:
+    """Store the summary as LAKE/_runs/chain/summary.json and as a Prefect markdown artifact."""
+    payload = {**result, "lake": lake, "paper": PAPER, "finished_at": datetime.now(UTC).isoformat()}
+    write_json(summary_path(lake), payload)
+    markdown = f"# Chain of `{lake}`\n\n{stats_markdown(ChainStats(**result['stats']))}\n"
+    create_markdown_artifact(key="chain-summary", markdown=markdown, description="chain statistics")
+    return str(summary_path(lake))
+
+
+@flow(name="chain")
+def chain_flow(lake: str) -> dict:
+    """sessions -> histories (one row per user) + statistics summary."""
+    result = chain_histories(lake)
+    catalog(lake)
+    summary = record_run(lake, result)
+    return {**result, "summary": summary}
+
+
+def print_chain_summary(console: Console, result: dict) -> None:
+    stats = ChainStats(**result["stats"])
+    table = Table(title="chain: this lake vs the UserArena paper")
+    for column in ("figure", "this lake", "paper"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for name, value in stats.model_dump().items():
+        if isinstance(value, dict):
+            continue
+        paper = PAPER.get(name)
+        shown = "–" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:,.4f}"
+        table.add_row(name, shown, "" if paper is None else f"{paper:,}")
+    console.print(table)
+    console.print("split users: " + ", ".join(f"{k} {v:,}" for k, v in stats.split_users.items()))
+    for tertile, shares in stats.split_share_by_activity.items():
+        console.print(f"  activity {tertile}: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()))
+    console.print(
+        f"histories: {result['histories']} ({result['rows']:,} users)   summary: {result['summary']}"
+    )
+
+
+def chain_command(lake: str) -> dict:
+    """CLI entry: ``trajforge chain --lake LAKE``."""
+    result = chain_flow(str(Path(lake).resolve()))
+    print_chain_summary(Console(), result)
+    return result

@@ -1,0 +1,129 @@
+"""The records flow: lake tables -> rendered training/evaluation states (+ chat JSONL export)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from rich.console import Console
+from rich.table import Table
+
+from flows.chain import RUNS, catalog, write_json
+from transforms.prompts import PromptSettings
+from transforms.records import MODES, RecordsSummary, export_chat_jsonl, write_records
+
+
+def summary_path(lake: str | Path) -> Path:
+    return Path(lake) / RUNS / "records" / "summary.json"
+
+
+@task(name="build-records", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def build(lake: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
+    return write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states).model_dump()
+
+
+@task(name="export-chat-jsonl", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def export(lake: str, path: str, splits: list[str] | None, modes: list[str] | None) -> dict:
+    return {
+        "path": path,
+        "lines": export_chat_jsonl(lake, path, splits=splits, modes=modes),
+        "splits": splits,
+    }
+
+
+@task(name="record-records-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+def record_run(lake: str, result: dict) -> str:
+    write_json(summary_path(lake), {**result, "lake": lake, "finished_at": datetime.now(UTC).isoformat()})
+    create_markdown_artifact(key="records-summary", markdown=summary_markdown(result), description="records")
+    return str(summary_path(lake))
+
+
+def summary_markdown(result: dict) -> str:
+    s = RecordsSummary(**result["records"])
+    rows = "\n".join(f"| {k} | {v:,} |" for k, v in s.by_mode_split.items())
+    bad = "\n".join(f"| {k} | {v:,} |" for k, v in s.gold_not_executable.items()) or "| – | 0 |"
+    parts = [
+        f"# Records (prompt {s.prompt_version})",
+        f"{s.records:,} states; token estimate mean {s.token_estimate_mean:,}, max {s.token_estimate_max:,}",
+        f"| mode/split | states |\n|---|---:|\n{rows}",
+        f"| recorded action not executable as shown | states |\n|---|---:|\n{bad}",
+    ]
+    if result.get("export"):
+        parts.append(f"Exported {result['export']['lines']:,} chat lines to `{result['export']['path']}`")
+    return "\n\n".join(parts) + "\n"
+
+
+@flow(name="records")
+def records_flow(
+    lake: str,
+    modes: list[str] | None = None,
+    settings: PromptSettings | None = None,
+    chunk_states: int = 100_000,
+    export_jsonl: str | None = None,
+    export_splits: list[str] | None = None,
+) -> dict:
+    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export."""
+    settings = settings or PromptSettings()
+    modes = modes or list(MODES)
+    result: dict = {"records": build(lake, modes, settings, chunk_states)}
+    catalog(lake)
+    if export_jsonl:
+        result["export"] = export(lake, export_jsonl, export_splits, None)
+    result["summary"] = record_run(lake, result)
+    return result
+
+
+def print_records_summary(console: Console, result: dict) -> None:
+    s = RecordsSummary(**result["records"])
+    table = Table(title=f"records (prompt {s.prompt_version}): {s.records:,} states")
+    table.add_column("mode/split")
+    table.add_column("states", justify="right")
+    for key, n in s.by_mode_split.items():
+        table.add_row(key, f"{n:,}")
+    console.print(table)
+    console.print(f"token estimate: mean {s.token_estimate_mean:,}, max {s.token_estimate_max:,}")
+    if s.gold_not_executable:
+        console.print(f"[yellow]recorded actions not executable as shown:[/yellow] {s.gold_not_executable}")
+    if "export" in result:
+        console.print(f"exported {result['export']['lines']:,} chat lines to {result['export']['path']}")
+    console.print(f"summary: {result['summary']}")
+
+
+def records_command(
+    lake: str,
+    mode: str = "both",
+    window_single: int = 10,
+    window_cross: int = 20,
+    recent_clicks: int = 20,
+    recent_buys: int = 20,
+    chunk_states: int = 100_000,
+    export_jsonl: str | None = None,
+    export_split: str = "train",
+) -> dict:
+    """CLI entry: ``trajforge records --lake LAKE [--mode single|cross|both] [--export-jsonl PATH]``.
+
+    ``export_split``: a split name, a comma list ("train,val") or "all".
+    """
+    modes = list(MODES) if mode == "both" else [mode]
+    if any(m not in MODES for m in modes):
+        raise ValueError(f"mode must be single, cross or both, got {mode!r}")
+    settings = PromptSettings(
+        window_single=window_single,
+        window_cross=window_cross,
+        recent_clicks=recent_clicks,
+        recent_buys=recent_buys,
+    )
+    splits = None if export_split == "all" else [s.strip() for s in export_split.split(",") if s.strip()]
+    result = records_flow(
+        str(Path(lake).resolve()),
+        modes=modes,
+        settings=settings,
+        chunk_states=chunk_states,
+        export_jsonl=str(Path(export_jsonl).resolve()) if export_jsonl else None,
+        export_splits=splits,
+    )
+    print_records_summary(Console(), result)
+    return result

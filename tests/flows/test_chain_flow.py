@@ -1,0 +1,56 @@
+"""The chain and records flows under Prefect's test harness, on an ingested tiny bundle."""
+
+from __future__ import annotations
+
+import json
+
+from flows.chain import chain_flow, summary_path
+from flows.records import records_flow
+from flows.records import summary_path as records_summary_path
+from tests.bundles import event, feeds, tiny_bundle, write_bundle
+from transforms.catalog import query
+from transforms.ingest import ingest_bundle
+from transforms.prompts import PromptSettings
+
+
+def two_day_lake(tmp_path):
+    """usr-1: pv-A (9 events, day 1) and pv-B (2 events, day 2)."""
+    bundle = tiny_bundle()
+    day = 86_400
+    bundle["events"] += [
+        event("b-0", day, "feed", "scroll_down", page_view_id="pv-B", scroll_top=0, scroll_delta=400),
+        event("b-1", day + 5, "feed", "end", page_view_id="pv-B", scroll_top=400),
+    ]
+    bundle["feeds"] += feeds("pv-B")
+    write_bundle(bundle, tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    return str(tmp_path / "lake")
+
+
+def test_chain_then_records_flows(prefect_harness, tmp_path):
+    lake = two_day_lake(tmp_path)
+    chained = chain_flow(lake)
+    # one user with two sessions: one adjacent pair about a day apart (> 12 h)
+    # one user with two sessions: one adjacent pair about a day apart (> 12 h), nothing clicked in pv-B
+    stats = chained["stats"]
+    assert (stats["users"], stats["sessions"], stats["actions"]) == (1, 2, 11)
+    assert (stats["cross_users"], stats["adjacent_pairs"], stats["gap_over_12h_share"]) == (1, 1, 1.0)
+    # pv-A clicked itm-5 (Apparel); pv-B clicked nothing, its top category is the most shown in
+    # its feed: 4 Apparel vs 4 Bags cards, tie to the first card (itm-1, Apparel) -> continues
+    assert (stats["continuation_rate"], stats["clicked_pairs"], stats["continuation_rate_clicked"]) == (
+        1.0,
+        0,
+        None,
+    )
+    stored = json.loads(summary_path(lake).read_text())
+    assert stored["stats"] == stats and stored["paper"]["continuation_rate"] == 0.578
+    assert query(lake, "SELECT n_sessions FROM histories")["n_sessions"].to_list() == [2]
+
+    out = tmp_path / "sft.jsonl"
+    result = records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
+    # 11 single-session states + the same 11 in cross mode (the user has two sessions)
+    assert result["records"]["records"] == 22 and result["records"]["gold_not_executable"] == {}
+    assert result["export"]["lines"] == 22 and len(out.read_text().splitlines()) == 22
+    views = query(lake, "SELECT mode, count(*) AS n FROM records GROUP BY mode ORDER BY mode")
+    assert views.rows() == [("cross", 11), ("single", 11)]
+    assert json.loads(records_summary_path(lake).read_text())["records"]["records"] == 22

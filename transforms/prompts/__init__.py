@@ -1,0 +1,43 @@
+"""Simulator prompt rendering shared by the records builder and the evaluation environment."""
+
+from transforms.prompts.render import (
+    PROMPT_VERSION,
+    Card,
+    DetailPage,
+    Observation,
+    Param,
+    PastStep,
+    PromptSettings,
+    State,
+    clean,
+    gold_action,
+    legal_actions,
+    past_step,
+    render_prompt,
+    render_state,
+    response_json,
+    summarize,
+    system_prompt,
+    token_estimate,
+)
+
+__all__ = [
+    "PROMPT_VERSION",
+    "Card",
+    "DetailPage",
+    "Observation",
+    "Param",
+    "PastStep",
+    "PromptSettings",
+    "State",
+    "clean",
+    "gold_action",
+    "legal_actions",
+    "past_step",
+    "render_prompt",
+    "render_state",
+    "response_json",
+    "summarize",
+    "system_prompt",
+    "token_estimate",
+]

@@ -1,0 +1,809 @@
+"""Training/evaluation records: one row per recorded step, the prompt rendered.
+
+``build_records`` renders whole tables with Polars expressions that mirror the
+pure renderer in ``transforms.prompts.render`` line for line (the renderer is
+the specification; ``tests/transforms/test_records.py`` checks that both give
+the same text). The evaluation environment calls the renderer on live states.
+
+Modes: ``single`` (trajectory = session, window of ``window_single`` steps of
+that session, recent clicks/purchases from the pre-window ``history``) and
+``cross`` (users with two or more sessions; trajectory = user, window of
+``window_cross`` steps across sessions, recent lists also from earlier
+sessions). Nothing a state shows happens at or after it: windows hold earlier
+steps only, recent lists hold events strictly before the session start.
+Key of the table: (mode, record_id).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+from pydantic import BaseModel
+
+from transforms.chain import session_order
+from transforms.lake import (
+    STAGING,
+    conform,
+    read_table,
+    scan_table,
+    swap_into_place,
+    table_dir,
+    table_files,
+    write_table,
+)
+from transforms.prompts.render import (
+    CLOSING,
+    DONE_ACTIONS,
+    PROMPT_VERSION,
+    UNKNOWN_ITEM,
+    Mode,
+    PromptSettings,
+    action_signatures,
+    system_prompt,
+    window_header,
+)
+from transforms.schemas import PROFILE_FIELDS, RECORDS, SCROLL_ACTIONS
+
+MODES: tuple[str, ...] = ("single", "cross")
+STR = pl.String  # text columns are built as Polars strings, cast to the schema on write
+
+# --- expression twins of the render.py formatters ------------------------------------
+
+
+def clean(e: pl.Expr) -> pl.Expr:
+    for char in ("\r", "\n", "\t"):
+        e = e.str.replace_all(char, " ", literal=True)
+    return e
+
+
+def text_or(e: pl.Expr, default: str) -> pl.Expr:
+    """``clean(x) or default``."""
+    cleaned = clean(e)
+    return pl.when(cleaned.is_null() | (cleaned == "")).then(pl.lit(default)).otherwise(cleaned)
+
+
+def fmt_price(e: pl.Expr) -> pl.Expr:
+    cents = (e.fill_nan(None) * 100 + 0.5).floor().cast(pl.Int64)
+    text = pl.concat_str((cents // 100).cast(STR), pl.lit("."), (cents % 100).cast(STR).str.zfill(2))
+    return pl.when(cents.is_null()).then(pl.lit("n/a")).otherwise(text)
+
+
+def fmt_px(e: pl.Expr) -> pl.Expr:
+    return pl.when(e.is_null()).then(pl.lit("unknown")).otherwise(pl.concat_str(e.cast(STR), pl.lit(" px")))
+
+
+def fmt_gap(seconds: pl.Expr) -> pl.Expr:
+    def whole(divisor: int) -> pl.Expr:
+        return (seconds / divisor).floor().cast(pl.Int64)
+
+    return (
+        pl.when(whole(60) < 1)
+        .then(pl.lit("under a minute"))
+        .when(whole(60) < 60)
+        .then(pl.concat_str(whole(60).cast(STR), pl.lit(" min")))
+        .when(whole(3600) < 48)
+        .then(pl.concat_str(whole(3600).cast(STR), pl.lit(" h")))
+        .otherwise(pl.concat_str(whole(86400).cast(STR), pl.lit(" days")))
+    )
+
+
+def json_str(e: pl.Expr) -> pl.Expr:
+    """JSON string literal of ``e`` (same escaping as ``json.dumps(ensure_ascii=False)``); null stays null."""
+    encoded = pl.struct(e.alias("v")).struct.json_encode()
+    return pl.when(e.is_not_null()).then(encoded.str.strip_prefix('{"v":').str.strip_suffix("}"))
+
+
+def ui_has(words: str) -> pl.Expr:
+    return pl.col("ui_state").str.to_lowercase().str.contains(words).fill_null(False)
+
+
+def masked_shift(column: str, k: int, by: str) -> pl.Expr:
+    """``column`` k rows back within the same ``by`` group (frame sorted by group)."""
+    return pl.when(pl.col(by).shift(k) == pl.col(by)).then(pl.col(column).shift(k))
+
+
+def last_n_lines(column: str, n: int, by: str) -> pl.Expr:
+    """This row's line and up to n-1 before it, newest first, joined by newlines."""
+    if n <= 0:
+        return pl.lit(None, dtype=STR)
+    parts = [pl.col(column)] + [masked_shift(column, k, by) for k in range(1, n)]
+    return pl.concat_str(parts, separator="\n", ignore_nulls=True)
+
+
+# --- catalog texts ---------------------------------------------------------------------
+
+
+def card_texts(items: pl.LazyFrame) -> pl.LazyFrame:
+    """Per item: the feed-card body ``title | price | top category | id``."""
+    card = pl.concat_str(
+        text_or(pl.col("title"), UNKNOWN_ITEM),
+        pl.lit(" | "),
+        fmt_price(pl.col("price")),
+        pl.lit(" | "),
+        text_or(pl.col("category_l1"), "n/a"),
+        pl.lit(" | id "),
+        pl.col("item_id"),
+    )
+    return items.select("item_id", pl.col("title").alias("_item_title"), card.alias("_card"))
+
+
+def page_texts(items: pl.LazyFrame, settings: PromptSettings) -> pl.LazyFrame:
+    """Per item: detail-page fields, parameters and aliased reviews (list open / page block)."""
+    n = settings.review_chars
+    review = clean(pl.element().fill_null(""))
+    review = pl.when(review.str.len_chars() > n).then(review.str.slice(0, n) + "…").otherwise(review)
+    alias = pl.concat_str(pl.lit("C"), (pl.int_range(pl.len()) + 1).cast(STR), pl.lit(": "), review)
+    param = pl.concat_str(
+        clean(pl.element().struct.field("label").fill_null("")),
+        pl.lit(": "),
+        clean(pl.element().struct.field("value").fill_null("")),
+    )
+    reviews = pl.col("reviews").fill_null(pl.lit([], dtype=pl.List(STR)))
+    return items.select(
+        "item_id",
+        fmt_price(pl.col("price")).alias("_price"),
+        text_or(pl.col("category"), "n/a").alias("_category"),
+        pl.col("params").list.eval(param).list.join("; ").fill_null("").alias("_params"),
+        reviews.list.head(settings.max_reviews).list.eval(alias).list.join("\n").alias("_reviews_list"),
+        reviews.list.head(settings.inline_reviews).list.eval(alias).list.join("\n").alias("_reviews_inline"),
+        reviews.list.len().alias("_n_reviews"),
+    )
+
+
+def item_texts(items: pl.LazyFrame, settings: PromptSettings) -> pl.LazyFrame:
+    """Card and detail-page texts of every item in ``items`` (what ``build_records`` joins)."""
+    return card_texts(items).join(page_texts(items, settings), on="item_id", how="left")
+
+
+# --- per-step columns ----------------------------------------------------------------
+
+
+def gold_action_json() -> pl.Expr:
+    """Twin of ``render.gold_action`` + ``to_json`` (absent arguments omitted)."""
+    action = pl.col("action")
+
+    def field(name: str, value: pl.Expr) -> pl.Expr:
+        return pl.concat_str(pl.lit(f',"{name}":'), value)
+
+    target = (
+        pl.when(action == "click")
+        .then(json_str(clean(pl.col("_target_title"))))
+        .when(action == "ipv_click_comment")
+        .then(json_str(pl.col("review_alias")))
+    )
+    item = pl.when(action == "click").then(json_str(pl.col("target_item_id")))
+    distance = pl.when(action.is_in(SCROLL_ACTIONS)).then(pl.col("distance").cast(STR))
+    return pl.concat_str(
+        pl.lit('{"type":'),
+        json_str(action),
+        field("target", target),
+        field("target_item_id", item),
+        field("distance", distance),
+        pl.lit("}"),
+        ignore_nulls=True,
+    )
+
+
+def visit_done_counts() -> list[pl.Expr]:
+    """Per ipv action: how often it was done earlier in this detail-page visit."""
+    visit = ["session_id", "_visit"]
+    return [
+        ((pl.col("action") == name).cast(pl.Int32).cum_sum().over(visit) - (pl.col("action") == name)).alias(
+            f"_done_{name}"
+        )
+        for name in DONE_ACTIONS
+    ]
+
+
+def done_text() -> pl.Expr:
+    parts = [
+        pl.when(pl.col(f"_done_{name}") > 0).then(
+            pl.concat_str(pl.lit(f"{name} x"), pl.col(f"_done_{name}").cast(STR))
+        )
+        for name in DONE_ACTIONS
+    ]
+    joined = pl.concat_str(parts, separator=", ", ignore_nulls=True)
+    return pl.when(joined == "").then(pl.lit("nothing yet")).otherwise(joined)
+
+
+def legality() -> list[pl.Expr]:
+    """Boolean ``_ok_<action>`` per action: ``render.legal_actions`` as expressions."""
+    feed, ipv = pl.col("screen") == "feed", pl.col("screen") == "ipv"
+    top, top_max, page = pl.col("scroll_top"), pl.col("_max_scroll"), pl.col("ipv_scroll")
+    feed_ok = {
+        "scroll_down": top.is_null() | top_max.is_null() | (top < top_max),
+        "scroll_up": top.is_null() | (top > 0),
+        "click": pl.col("_n_visible") > 0,
+    }
+    ipv_ok = {
+        "ipv_scroll_up": page.is_null() | (page > 0),
+        "ipv_click_comment": pl.col("_n_shown") > 0,
+    }
+    out = [(feed & cond).fill_null(False).alias(f"_ok_{name}") for name, cond in feed_ok.items()]
+    out += [(ipv & cond).fill_null(False).alias(f"_ok_{name}") for name, cond in ipv_ok.items()]
+    always_ipv = ["ipv_scroll_down", "ipv_swipe_pic", "ipv_click_param", "ipv_enter_comment"]
+    always_ipv += ["ipv_cart", "ipv_buy", "back_home"]
+    out += [ipv.alias(f"_ok_{name}") for name in always_ipv]
+    out.append(pl.lit(True).alias("_ok_end"))
+    return out
+
+
+def actions_text(settings: PromptSettings) -> pl.Expr:
+    signatures = action_signatures(settings.geometry)
+    order = [*signatures]  # feed actions, then ipv actions (render.legal_actions order per screen)
+    feed_order = ["scroll_down", "scroll_up", "click", "end"]
+    ipv_order = [a for a in order if a not in ("scroll_down", "scroll_up", "click", "end")] + ["end"]
+
+    def listing(names: list[str]) -> pl.Expr:
+        lines = [pl.when(pl.col(f"_ok_{n}")).then(pl.lit(f"- {signatures[n]}")) for n in names]
+        return pl.concat_str(lines, separator="\n", ignore_nulls=True)
+
+    return pl.when(pl.col("screen") == "feed").then(listing(feed_order)).otherwise(listing(ipv_order))
+
+
+def summary_text() -> pl.Expr:
+    """Twin of ``render.summarize``."""
+    feed = pl.concat_str(
+        pl.lit("feed at "),
+        fmt_px(pl.col("scroll_top")),
+        pl.lit(", "),
+        pl.col("_n_visible").cast(STR),
+        pl.lit(" items in view"),
+    )
+    ipv = pl.concat_str(
+        pl.lit("detail page of "),
+        text_or(pl.col("_ipv_title"), UNKNOWN_ITEM),
+        pl.lit(" at "),
+        fmt_px(pl.col("ipv_scroll")),
+        pl.lit(", panel "),
+        text_or(pl.col("ui_state"), "main"),
+    )
+    return pl.when(pl.col("screen") == "feed").then(feed).otherwise(ipv)
+
+
+def window_line(mode: Mode) -> pl.Expr:
+    """Twin of ``render.window_line``."""
+    thought = pl.when(pl.col("rationale").is_not_null() & (pl.col("rationale") != "")).then(
+        pl.concat_str(pl.lit(" | thought: "), clean(pl.col("rationale")))
+    )
+    step = pl.col("step").cast(STR)
+    if mode == "cross":
+        session = pl.col("ordinal").cast(STR)
+        label = pl.concat_str(pl.lit("session "), session, pl.lit(" step "), step)
+        head = pl.when(pl.col("_gap_s").is_not_null()).then(
+            pl.concat_str(
+                pl.lit("-- session "),
+                session,
+                pl.lit(" started "),
+                fmt_gap(pl.col("_gap_s")),
+                pl.lit(" after the previous one --\n"),
+            )
+        )
+    else:
+        label, head = pl.concat_str(pl.lit("step "), step), pl.lit(None, dtype=STR)
+    return pl.concat_str(
+        head,
+        label,
+        pl.lit(": "),
+        pl.col("_summary"),
+        thought,
+        pl.lit(" | action: "),
+        pl.col("action_json"),
+        ignore_nulls=True,
+    )
+
+
+def window_text(size: int, by: str) -> pl.Expr:
+    """Lines of the ``size`` previous steps of the trajectory, oldest first."""
+    parts = [masked_shift("_line", k, by) for k in range(size, 0, -1)]
+    if not parts:
+        return pl.lit("(none yet)")
+    joined = pl.concat_str(parts, separator="\n", ignore_nulls=True)
+    return pl.when(joined == "").then(pl.lit("(none yet)")).otherwise(joined)
+
+
+def observation_text(settings: PromptSettings) -> pl.Expr:
+    """Twin of ``render.observation_text``."""
+    feed_head = pl.concat_str(
+        pl.lit("Screen: feed\nScroll position: "),
+        fmt_px(pl.col("scroll_top")),
+        pl.lit(" of max "),
+        fmt_px(pl.col("_max_scroll")),
+    )
+    cards = pl.concat_str(
+        pl.lit("\nItems in view ("), pl.col("_n_visible").cast(STR), pl.lit("):\n"), pl.col("_cards")
+    )
+    feed = pl.concat_str(
+        feed_head, pl.when(pl.col("_n_visible") > 0).then(cards).otherwise(pl.lit("\nItems in view: none"))
+    )
+    params = pl.when(ui_has("param|spec")).then(
+        pl.concat_str(
+            pl.lit("\nParameters: "),
+            pl.when(pl.col("_params").fill_null("") == "").then(pl.lit("none")).otherwise(pl.col("_params")),
+        )
+    )
+    reviews = (
+        pl.when(pl.col("_n_shown") > 0)
+        .then(pl.concat_str(pl.lit("\nReviews (open one by its alias):\n"), pl.col("_reviews")))
+        .when(ui_has("comment|review"))
+        .then(pl.lit("\nReviews: none"))
+    )
+    ipv = pl.concat_str(
+        pl.lit("Screen: detail page\nItem: "),
+        text_or(pl.col("_ipv_title"), UNKNOWN_ITEM),
+        pl.lit("\nPrice: "),
+        pl.col("_price").fill_null("n/a"),
+        pl.lit("\nCategory: "),
+        pl.col("_category").fill_null("n/a"),
+        pl.lit("\nPage position: "),
+        fmt_px(pl.col("ipv_scroll")),
+        pl.lit("\nOpen panel: "),
+        text_or(pl.col("ui_state"), "main"),
+        params,
+        reviews,
+        pl.lit("\nAlready done on this item: "),
+        done_text(),
+        ignore_nulls=True,
+    )
+    return pl.when(pl.col("screen") == "feed").then(feed).otherwise(ipv)
+
+
+def profile_text() -> pl.Expr:
+    parts = []
+    for name in PROFILE_FIELDS:
+        parts += [pl.lit(f"{name}: "), text_or(pl.col("profile").struct.field(name), "unknown")]
+        parts.append(pl.lit("; "))
+    extra = pl.col("profile_extra")
+    other = pl.when(extra.is_not_null() & (extra != "") & (extra != "{}")).then(
+        pl.concat_str(pl.lit("; other: "), clean(extra))
+    )
+    return pl.concat_str([*parts[:-1], other], ignore_nulls=True)
+
+
+# --- recent clicks and purchases ------------------------------------------------------
+
+
+def recent_blocks(
+    steps: pl.DataFrame,
+    order: pl.DataFrame,
+    history: pl.DataFrame | None,
+    mode: Mode,
+    settings: PromptSettings,
+) -> pl.DataFrame:
+    """Per session: the recent purchase and click blocks (events strictly before its start)."""
+    events = []
+    if history is not None:
+        events.append(history.select("user_id", "ts", "kind", "title"))
+    if mode == "cross":
+        events.append(
+            steps.filter(pl.col("action").is_in(["click", "ipv_buy"])).select(
+                "user_id",
+                "ts",
+                pl.when(pl.col("action") == "click")
+                .then(pl.lit("click"))
+                .otherwise(pl.lit("buy"))
+                .alias("kind"),
+                pl.when(pl.col("action") == "click")
+                .then(pl.col("_target_title"))
+                .otherwise(pl.col("_ipv_title"))
+                .alias("title"),
+            )
+        )
+    starts = order.select("session_id", "user_id", "start_ts").sort("start_ts")
+    out = starts.select("session_id")
+    for kind, limit, name in (
+        ("buy", settings.recent_buys, "_buys"),
+        ("click", settings.recent_clicks, "_clicks"),
+    ):
+        block = _latest_titles(events, kind, limit)
+        joined = starts.join_asof(
+            block,
+            left_on="start_ts",
+            right_on="ts",
+            by="user_id",
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,  # both sides are sorted by time; users are the by-groups
+        )
+        out = out.join(joined.select("session_id", pl.col("_block").alias(name)), on="session_id", how="left")
+    return out.with_columns(pl.col("_buys", "_clicks").fill_null("(none)"))
+
+
+def _latest_titles(events: list[pl.DataFrame], kind: str, limit: int) -> pl.DataFrame:
+    """As of each event: the ``limit`` latest titles of ``kind`` (newest first), one row per (user, ts)."""
+    schema = {"user_id": STR, "ts": pl.Datetime("ms", "UTC"), "kind": STR, "title": STR}
+    frames = [e.cast(schema) for e in events] or [pl.DataFrame(schema=schema)]
+    rows = (
+        pl.concat(frames)
+        .filter(pl.col("kind") == kind)
+        .with_columns(pl.col("title").fill_null("").alias("_key"))
+        .sort("user_id", "ts", "_key")
+        .with_columns(pl.concat_str(pl.lit("- "), text_or(pl.col("title"), UNKNOWN_ITEM)).alias("_entry"))
+        .with_columns(last_n_lines("_entry", limit, "user_id").alias("_block"))
+        .unique(["user_id", "ts"], keep="last", maintain_order=True)
+    )
+    return rows.select("user_id", "ts", "_block").sort("ts")
+
+
+# --- assembly ----------------------------------------------------------------------------
+
+
+def _cards(steps: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """Numbered card lines of the feed cards in view, per step row ``_row``."""
+    lines = (
+        steps.filter(pl.col("_n_visible") > 0)
+        .select("_row", pl.col("visible_items").alias("item_id"))
+        .with_columns(pl.int_ranges(1, pl.col("item_id").list.len() + 1).alias("_pos"))
+        .explode("item_id", "_pos")
+        .join(items.select("item_id", "_card"), on="item_id", how="left", maintain_order="left")
+        .with_columns(
+            pl.concat_str(
+                pl.col("_pos").cast(STR),
+                pl.lit(". "),
+                pl.col("_card").fill_null(
+                    pl.concat_str(pl.lit(f"{UNKNOWN_ITEM} | n/a | n/a | id "), pl.col("item_id"))
+                ),
+            ).alias("_line")
+        )
+    )
+    return lines.group_by("_row", maintain_order=True).agg(pl.col("_line").str.join("\n").alias("_cards"))
+
+
+def prepare_steps(
+    steps: pl.DataFrame, order: pl.DataFrame, items: pl.DataFrame, settings: PromptSettings
+) -> pl.DataFrame:
+    """Steps in chain order with the columns every text part needs."""
+    ipv_items = items.select(
+        pl.col("item_id").alias("ipv_item_id"),
+        "_item_title",
+        "_price",
+        "_category",
+        "_params",
+        "_reviews_list",
+        "_reviews_inline",
+        "_n_reviews",
+    )
+    targets = items.select(pl.col("item_id").alias("target_item_id"), pl.col("_item_title").alias("_t_title"))
+    viewport = settings.geometry.feed_viewport
+    first_step = pl.col("step") == pl.col("step").min().over("session_id")
+    frame = (
+        steps.join(order.select("session_id", "ordinal", "gap_s", "feed_height"), on="session_id", how="left")
+        .sort("user_id", "ordinal", "step")
+        .join(ipv_items, on="ipv_item_id", how="left", maintain_order="left")
+        .join(targets, on="target_item_id", how="left", maintain_order="left")
+        .with_row_index("_row")
+        .with_columns(
+            pl.coalesce("_item_title", "ipv_item_title").alias("_ipv_title"),
+            pl.coalesce("_t_title", "target_title").alias("_target_title"),
+            pl.col("visible_items").list.len().fill_null(0).alias("_n_visible"),
+            pl.col("_n_reviews").fill_null(0),
+            pl.max_horizontal(pl.col("feed_height") - viewport, pl.lit(0)).alias("_max_scroll"),
+            pl.when(first_step & (pl.col("ordinal") > 1)).then(pl.col("gap_s")).alias("_gap_s"),
+            (
+                (pl.col("action") == "click").cast(pl.Int32).cum_sum().over("session_id")
+                - (pl.col("action") == "click")
+            ).alias("_visit"),
+        )
+    )
+    opened = ui_has("comment|review")  # the review list is open: it shows more than the page's block
+    limit = pl.when(opened).then(settings.max_reviews).otherwise(settings.inline_reviews)
+    frame = frame.with_columns(
+        pl.when(pl.col("feed_height").is_null())
+        .then(None)
+        .otherwise(pl.col("_max_scroll"))
+        .alias("_max_scroll"),
+        pl.min_horizontal(pl.col("_n_reviews"), limit).alias("_n_shown"),
+        pl.when(opened).then(pl.col("_reviews_list")).otherwise(pl.col("_reviews_inline")).alias("_reviews"),
+    )
+    cards = _cards(frame, items)
+    return frame.join(cards, on="_row", how="left", maintain_order="left").with_columns(visit_done_counts())
+
+
+def prompt_text(mode: Mode, settings: PromptSettings) -> pl.Expr:
+    """Twin of ``render.render_prompt``: the user message."""
+    return pl.concat_str(
+        pl.lit("## Shopper profile\n"),
+        profile_text(),
+        pl.lit("\n\n## Recent purchases (newest first)\n"),
+        pl.col("_buys"),
+        pl.lit("\n\n## Recent clicks (newest first)\n"),
+        pl.col("_clicks"),
+        pl.lit(f"\n\n{window_header(mode, settings.window(mode))}\n"),
+        pl.col("_window"),
+        pl.lit("\n\n## Current observation\n"),
+        observation_text(settings),
+        pl.lit("\n\n## Executable actions\n"),
+        actions_text(settings),
+        pl.lit(f"\n\n{CLOSING}"),
+    )
+
+
+def response_text() -> pl.Expr:
+    """Twin of ``render.response_json``: ``{"rationale": ..., "action": {...}}``."""
+    return pl.concat_str(
+        pl.lit('{"rationale":'),
+        json_str(pl.col("rationale").fill_null("")),
+        pl.lit(',"action":'),
+        pl.col("action_json"),
+        pl.lit("}"),
+    )
+
+
+def gold_executable(settings: PromptSettings) -> pl.Expr:
+    """Is the recorded action executable as shown? (diagnostic, never used to filter)."""
+    action = pl.col("action")
+    ok = pl.lit(False)
+    for name in ("scroll_down", "scroll_up", "click", "end", *DONE_ACTIONS, "back_home"):
+        ok = pl.when(action == name).then(pl.col(f"_ok_{name}")).otherwise(ok)
+    alias_n = pl.col("review_alias").str.strip_prefix("C").cast(pl.Int64, strict=False)
+    feed_max, ipv_max = settings.geometry.max_feed_scroll, settings.geometry.max_ipv_scroll
+    dist = pl.col("distance")
+    argument_ok = (
+        pl.when(action == "click")
+        .then(pl.col("visible_items").list.contains(pl.col("target_item_id")))
+        .when(action == "ipv_click_comment")
+        .then((alias_n >= 1) & (alias_n <= pl.col("_n_shown")))
+        .when(action.is_in(["scroll_down", "scroll_up"]))
+        .then((dist >= 1) & (dist <= feed_max))
+        .when(action.is_in(["ipv_scroll_down", "ipv_scroll_up"]))
+        .then((dist >= 1) & (dist <= ipv_max))
+        .otherwise(pl.lit(True))
+    )
+    return (ok & argument_ok).fill_null(False)
+
+
+def build_records(
+    steps: pl.DataFrame,
+    sessions: pl.DataFrame,
+    items: pl.DataFrame,
+    *,
+    mode: Mode = "single",
+    history: pl.DataFrame | None = None,
+    rationales: pl.DataFrame | None = None,
+    intents: pl.DataFrame | None = None,
+    settings: PromptSettings | None = None,
+) -> pl.DataFrame:
+    """Records of ``steps`` (whole users) in ``mode``: RECORDS columns plus ``_executable``.
+
+    ``items`` is ``item_texts(...)`` output; ``rationales`` has (session_id, step,
+    rationale); ``intents`` has (trajectory_id, intent) and reaches train rows only.
+    """
+    s = settings or PromptSettings()
+    order = session_order(sessions.lazy()).collect()
+    if mode == "cross":
+        crossing = order.filter(pl.col("ordinal") == 2).select("user_id")
+        order = order.join(crossing, on="user_id", how="semi")
+        steps = steps.join(crossing, on="user_id", how="semi")
+    trajectory = "user_id" if mode == "cross" else "session_id"
+    frame = prepare_steps(steps, order, items, s)
+    if rationales is not None:
+        frame = frame.join(
+            rationales.select("session_id", "step", "rationale"),
+            on=["session_id", "step"],
+            how="left",
+            maintain_order="left",
+        )
+    else:
+        frame = frame.with_columns(pl.lit(None, dtype=STR).alias("rationale"))
+    frame = frame.with_columns(
+        gold_action_json().alias("action_json"),
+        summary_text().alias("_summary"),
+        *legality(),
+    )
+    frame = frame.with_columns(window_line(mode).alias("_line")).with_columns(
+        window_text(s.window(mode), trajectory).alias("_window")
+    )
+    frame = frame.join(
+        recent_blocks(frame, order, history, mode, s), on="session_id", how="left", maintain_order="left"
+    )
+    system = system_prompt(mode, s.geometry)
+    frame = frame.with_columns(
+        pl.concat_str(pl.col("session_id"), pl.lit(":"), pl.col("step").cast(STR)).alias("record_id"),
+        pl.col(trajectory).alias("trajectory_id"),
+        pl.lit(mode).alias("mode"),
+        pl.lit(system).alias("system"),
+        prompt_text(mode, s).alias("prompt"),
+        response_text().alias("response"),
+        gold_executable(s).alias("_executable"),
+    )
+    if intents is not None:
+        frame = frame.join(
+            intents.select("trajectory_id", "intent"), on="trajectory_id", how="left", maintain_order="left"
+        )
+    else:
+        frame = frame.with_columns(pl.lit(None, dtype=STR).alias("intent"))
+    system_bytes = len(system.encode("utf-8"))
+    text_bytes = pl.col("prompt").str.len_bytes() + pl.col("response").str.len_bytes() + system_bytes
+    return frame.with_columns(
+        pl.when(pl.col("split") == "train").then(pl.col("intent")).alias("intent"),
+        ((text_bytes + 2) // 3).cast(pl.Int32).alias("token_estimate"),
+    ).select([f.name for f in RECORDS] + ["_executable"])
+
+
+# --- the lake: chunked writing and export --------------------------------------------------
+
+
+class RecordsSummary(BaseModel):
+    """What a records run produced; written to the run manifest."""
+
+    prompt_version: str = PROMPT_VERSION
+    modes: list[str] = []
+    records: int = 0
+    by_mode_split: dict[str, int] = {}
+    gold_not_executable: dict[str, int] = {}  # "<mode>/<action>": recorded action not executable as shown
+    token_estimate_max: int = 0
+    token_estimate_mean: float = 0.0
+    chunks: int = 0
+    with_rationale: int = 0
+    with_intent: int = 0
+    settings: dict[str, Any] = {}
+
+    def add(self, frame: pl.DataFrame) -> None:
+        """Fold one chunk of built records into the totals."""
+        total = self.records + frame.height
+        if frame.height:
+            mean = float(frame["token_estimate"].mean())  # type: ignore[arg-type]
+            self.token_estimate_mean = round(
+                (self.token_estimate_mean * self.records + mean * frame.height) / total, 1
+            )
+            self.token_estimate_max = max(self.token_estimate_max, int(frame["token_estimate"].max()))  # type: ignore[arg-type]
+        self.records, self.chunks = total, self.chunks + 1
+        self.with_rationale += int(frame["rationale"].is_not_null().sum())
+        self.with_intent += int(frame["intent"].is_not_null().sum())
+        for mode, split, n in frame.group_by("mode", "split").len().iter_rows():
+            key = f"{mode}/{split}"
+            self.by_mode_split[key] = self.by_mode_split.get(key, 0) + n
+        bad = frame.filter(~pl.col("_executable")).group_by("mode", "action").len()
+        for mode, action, n in bad.iter_rows():
+            key = f"{mode}/{action}"
+            self.gold_not_executable[key] = self.gold_not_executable.get(key, 0) + n
+
+
+def user_chunks(steps: pl.DataFrame, max_states: int) -> Iterator[pl.Series]:
+    """Whole users (sorted ids) in groups of about ``max_states`` steps: bounds memory per chunk."""
+    counts = steps.group_by("user_id").len("n").sort("user_id")
+    chunked = counts.with_columns(
+        ((pl.col("n").cum_sum() - pl.col("n")) // max(max_states, 1)).alias("_chunk")
+    )
+    for _, part in chunked.group_by("_chunk", maintain_order=True):
+        yield part["user_id"]
+
+
+def needed_items(lake: str | Path, settings: PromptSettings) -> pl.DataFrame:
+    """``item_texts`` of the items some step shows: cards for those in view or clicked, detail-page
+    texts only for those opened (the catalog can be far larger than what was seen)."""
+    steps = scan_table(lake, "steps", ["visible_items", "target_item_id", "ipv_item_id"])
+    seen = steps.select(
+        pl.concat([pl.col("visible_items").explode(), pl.col("target_item_id"), pl.col("ipv_item_id")])
+        .drop_nulls()
+        .unique()
+        .alias("item_id")
+    )
+    opened = steps.select(pl.col("ipv_item_id").drop_nulls().unique().alias("item_id"))
+    items = scan_table(lake, "items").join(seen, on="item_id", how="semi").collect()
+    pages = page_texts(items.lazy().join(opened, on="item_id", how="semi"), settings)
+    return card_texts(items.lazy()).join(pages, on="item_id", how="left").collect()
+
+
+def optional_table(lake: str | Path, name: str, columns: list[str]) -> pl.DataFrame | None:
+    """An extraction output (``rationales``, ``intents``) when that stage has run, else None.
+
+    Both hold accepted rows only: rejected answers go to quarantine.
+    """
+    return read_table(lake, name, columns) if table_files(lake, name) else None
+
+
+def _write_part(frame: pl.DataFrame, root: Path, name: str, zstd_level: int) -> None:
+    path = root / f"bucket={frame['bucket'][0]}" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # small row groups: a record is a few KB of text, readers stream them
+    pq.write_table(
+        conform(frame, RECORDS), path, compression="zstd", compression_level=zstd_level, row_group_size=8192
+    )
+
+
+def write_records(
+    lake: str | Path,
+    *,
+    modes: list[str] | tuple[str, ...] = MODES,
+    settings: PromptSettings | None = None,
+    chunk_states: int = 100_000,
+    zstd_level: int = 3,
+) -> RecordsSummary:
+    """(Re)write the ``records`` table from the lake, whole users at a time, atomically."""
+    s = settings or PromptSettings()
+    summary = RecordsSummary(modes=list(modes), settings=s.model_dump())
+    items = needed_items(lake, s)
+    sessions = read_table(lake, "sessions")
+    history = read_table(lake, "history") if table_files(lake, "history") else None
+    rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
+    intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
+    staged = Path(lake) / STAGING / f"records-{uuid.uuid4().hex[:8]}"
+    try:
+        for file_no, path in enumerate(table_files(lake, "steps")):
+            steps = pl.read_parquet(path, hive_partitioning=False)
+            for chunk_no, users in enumerate(user_chunks(steps, chunk_states)):
+                chunk = steps.filter(pl.col("user_id").is_in(users.implode()))
+                mine = pl.col("user_id").is_in(users.implode())
+                for mode in modes:
+                    built = build_records(
+                        chunk,
+                        sessions.filter(mine),
+                        items,
+                        mode=mode,  # type: ignore[arg-type]
+                        history=None if history is None else history.filter(mine),
+                        rationales=rationales,
+                        intents=_for_mode(intents, mode),
+                        settings=s,
+                    )
+                    summary.add(built)
+                    if built.height:
+                        _write_part(built, staged, f"part-{file_no}-{chunk_no}-{mode}.parquet", zstd_level)
+        if summary.records == 0:
+            write_table(lake, "records", pl.DataFrame(schema=pl.from_arrow(RECORDS.empty_table()).schema))
+        else:
+            swap_into_place(staged, table_dir(lake, "records"))
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return summary
+
+
+def _for_mode(intents: pl.DataFrame | None, mode: str) -> pl.DataFrame | None:
+    if intents is None:
+        return None
+    return intents.filter(pl.col("mode") == mode).select(
+        "trajectory_id", pl.col("intent_text").alias("intent")
+    )
+
+
+def chat_lines(records: pl.LazyFrame) -> pl.LazyFrame:
+    """One JSON object per record: {"messages": [system, user, assistant]} (TRL, LLaMA-Factory)."""
+
+    def message(role: str, content: str) -> pl.Expr:
+        return pl.struct(pl.lit(role).alias("role"), pl.col(content).alias("content"))
+
+    messages = pl.concat_list(
+        [message("system", "system"), message("user", "prompt"), message("assistant", "response")]
+    )
+    return records.select(pl.struct(messages.alias("messages")).struct.json_encode().alias("line"))
+
+
+def export_chat_jsonl(
+    lake: str | Path,
+    path: str | Path,
+    *,
+    splits: list[str] | None = None,
+    modes: list[str] | None = None,
+) -> int:
+    """Write records as chat JSONL (one part file at a time; atomic rename); returns lines written.
+
+    The privileged intent is never exported: it is teacher-only context.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    written = 0
+    try:
+        with temporary.open("w", encoding="utf-8") as out:
+            for part in table_files(lake, "records"):
+                frame = pl.scan_parquet(part, hive_partitioning=False)
+                if splits:
+                    frame = frame.filter(pl.col("split").is_in(splits))
+                if modes:
+                    frame = frame.filter(pl.col("mode").is_in(modes))
+                lines = chat_lines(frame).collect()["line"]
+                for line in lines:
+                    out.write(line)
+                    out.write("\n")
+                written += lines.len()
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return written
