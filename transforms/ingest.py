@@ -121,18 +121,25 @@ def _missing_profile_flags(steps: pl.DataFrame, pseudonymize: Pseudonymizer) -> 
     )
 
 
+def _take(bundle: dict[str, TableRead], name: str) -> pl.DataFrame:
+    """Hand a raw frame over to the checks, leaving the counts and rejects behind (frees memory)."""
+    frame = bundle[name].frame
+    bundle[name].frame = frame.clear()
+    return frame
+
+
 def align_bundle(
     bundle: dict[str, TableRead], settings: IngestSettings, pseudonymize: Pseudonymizer
 ) -> Aligned:
     """Run every check and build the lake frames (ids still raw except in quarantine payloads)."""
     geometry = settings.geometry
-    items = align.check_items(bundle["items"].frame, pseudonymize)
-    profiles = align.check_profiles(bundle["profiles"].frame, pseudonymize)
-    feeds = align.check_feeds(bundle["feeds"].frame, items.rows["item_id"], pseudonymize)
-    history = _checked_history(bundle["history"].frame, pseudonymize)
+    items = align.check_items(_take(bundle, "items"), pseudonymize)
+    profiles = align.check_profiles(_take(bundle, "profiles"), pseudonymize)
+    feeds = align.check_feeds(_take(bundle, "feeds"), items.rows["item_id"], pseudonymize)
+    history = _checked_history(_take(bundle, "history"), pseudonymize)
     max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
     events = align.row_checks(
-        bundle["events"].frame,
+        _take(bundle, "events"),
         item_ids=items.rows["item_id"],
         feed_views=feeds.rows["page_view_id"].unique(),
         action_map=settings.action_map,
@@ -141,7 +148,9 @@ def align_bundle(
     )
     ordered, order_flags = align.order_events(events.rows, pseudonymize)
     ordered, after_end = align.drop_after_end(ordered, pseudonymize)
+    events.rows = ordered.clear()  # big frames are dropped as soon as the next form exists
     layout = align.layouts(feeds.rows)
+    feeds.rows = layout.clear()
     screens = align.screen_checks(ordered, layout, items.rows, geometry, pseudonymize)
     steps = align.build_steps(screens.rows, items.rows, profiles.rows)
     layout, orphan_feeds = _sessionless_feeds(layout, steps["page_view_id"].unique(), pseudonymize)
@@ -270,12 +279,14 @@ def ingest_bundle(
     aligned = align_bundle(bundle, settings, pseudonymize)
     progress("pseudonymize")
     tables = pseudonymize_outputs(aligned.tables, pseudonymize, settings)
+    aligned.tables.clear()
     tables["sessions"] = align.build_sessions(tables["steps"], tables["feed_layouts"], tables["items"]).join(
         tables["steps"].select("session_id", "split", "bucket").unique("session_id"), on="session_id"
     )
+    output_rows = {name: frame.height for name, frame in tables.items()}
     paths = {
-        name: str(write_table(lake, name, frame, zstd_level=settings.zstd_level))
-        for name, frame in tables.items()
+        name: str(write_table(lake, name, tables.pop(name), zstd_level=settings.zstd_level))
+        for name in list(tables)
     }
     paths["quarantine"] = str(
         write_quarantine(lake, "ingest", aligned.quarantine, zstd_level=settings.zstd_level)
@@ -287,7 +298,7 @@ def ingest_bundle(
         counts=aligned.counts,
         quarantine_by_reason={r: n for k, r, n in reasons.sort("reason").iter_rows() if not k},
         flagged_by_reason={r: n for k, r, n in reasons.sort("reason").iter_rows() if k},
-        output_rows={name: frame.height for name, frame in tables.items()},
+        output_rows=output_rows,
         paths=paths,
         naive_timestamps=sum(t.naive_timestamps for t in bundle.values()),
         notes=notes,
