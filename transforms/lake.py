@@ -22,7 +22,6 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from transforms.schemas import LAKE_TABLES, PARTITIONED, QUARANTINE
 
@@ -42,24 +41,35 @@ def conform(frame: pl.DataFrame, schema: pa.Schema) -> pa.Table:
     return table.cast(schema)
 
 
-def _write_parquet(table: pa.Table, path: Path, zstd_level: int) -> None:
+def polars_schema(schema: pa.Schema) -> pl.Schema:
+    return pl.Schema(pl.from_arrow(schema.empty_table()).schema)
+
+
+def _write_parquet(frame: pl.DataFrame, schema: pa.Schema, path: Path, zstd_level: int) -> None:
+    """Write ``frame`` with exactly the declared columns and types (Polars' own writer)."""
+    missing = [f.name for f in schema if f.name not in frame.columns]
+    if missing:
+        raise ValueError(f"frame lacks declared columns {missing}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, compression="zstd", compression_level=zstd_level, row_group_size=256_000)
+    declared = polars_schema(schema)
+    frame.select(list(declared)).cast(dict(declared)).write_parquet(
+        path, compression="zstd", compression_level=zstd_level, row_group_size=256_000
+    )
 
 
 def _write_tree(
     frame: pl.DataFrame, schema: pa.Schema, root: Path, partition_by: str | None, zstd: int
 ) -> None:
     if partition_by is None:
-        _write_parquet(conform(frame, schema), root / "part-0.parquet", zstd)
+        _write_parquet(frame, schema, root / "part-0.parquet", zstd)
         return
     if frame.height == 0:
         # an empty table still exists, so readers and views find its schema
-        _write_parquet(conform(frame, schema), root / f"{partition_by}=0" / "part-0.parquet", zstd)
+        _write_parquet(frame, schema, root / f"{partition_by}=0" / "part-0.parquet", zstd)
         return
     # maintain_order keeps each partition in the frame's own (deterministic) order: no sort needed
     for (key,), part in frame.partition_by(partition_by, as_dict=True, maintain_order=True).items():
-        _write_parquet(conform(part, schema), root / f"{partition_by}={key}" / "part-0.parquet", zstd)
+        _write_parquet(part, schema, root / f"{partition_by}={key}" / "part-0.parquet", zstd)
 
 
 def swap_into_place(staged: Path, target: Path) -> None:
@@ -98,7 +108,7 @@ def write_quarantine(lake: str | Path, stage: str, frame: pl.DataFrame, *, zstd_
     target = table_dir(lake, "quarantine") / f"stage={stage}"
     try:
         rows = frame.with_columns(pl.lit(stage).alias("stage"))
-        _write_parquet(conform(rows, QUARANTINE), staged / "part-0.parquet", zstd_level)
+        _write_parquet(rows, QUARANTINE, staged / "part-0.parquet", zstd_level)
         swap_into_place(staged, target)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
@@ -117,7 +127,7 @@ def scan_table(lake: str | Path, name: str, columns: Sequence[str] | None = None
         raise FileNotFoundError(f"lake table {name!r} not found under {lake}")
     frame = pl.scan_parquet(
         [str(f) for f in files],
-        schema=pl.Schema(pl.from_arrow(schema.empty_table()).schema),
+        schema=polars_schema(schema),
         hive_partitioning=False,
     )
     return frame.select(columns) if columns else frame

@@ -41,13 +41,13 @@ def test_failure_mid_write_leaves_previous_table_visible(ingested, monkeypatch):
     calls = {"n": 0}
     real_write = lake_io._write_parquet
 
-    def flaky(table, path, zstd_level):
+    def flaky(frame, schema, path, zstd_level):
         calls["n"] += 1
         if calls["n"] == 1:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"PAR1 half a file")  # a partial file lands in staging, then the disk "fails"
             raise OSError("disk full")
-        real_write(table, path, zstd_level)
+        real_write(frame, schema, path, zstd_level)
 
     monkeypatch.setattr(lake_io, "_write_parquet", flaky)
     with pytest.raises(OSError, match="disk full"):
@@ -61,7 +61,7 @@ def test_failure_mid_write_leaves_previous_table_visible(ingested, monkeypatch):
 def test_failure_on_first_write_leaves_no_table(tmp_path, monkeypatch):
     write_bundle(tiny_bundle(), tmp_path / "raw")
 
-    def broken(table, path, zstd_level):
+    def broken(frame, schema, path, zstd_level):
         raise OSError("disk full")
 
     monkeypatch.setattr(lake_io, "_write_parquet", broken)
