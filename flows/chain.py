@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
+from flows.validate import gate_task
 from transforms.catalog import refresh_catalog
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
 from transforms.lake import scan_table, write_table
@@ -61,6 +62,7 @@ def chain_flow(lake: str) -> dict:
     """sessions -> histories (one row per user) + statistics summary."""
     result = chain_histories(lake)
     catalog(lake)
+    result["validation"] = gate_task(lake, ["histories"], stage="chain")["run_id"]
     summary = record_run(lake, result)
     return {**result, "summary": summary}
 

@@ -26,6 +26,12 @@ ConfigOption = Annotated[
 ]
 
 
+def stopped(err: Exception) -> typer.Exit:
+    """Print a stage's clean stop (a gate or a bundle problem) as its paragraph, no traceback."""
+    console.print(f"[red]stopped:[/red] {err}", soft_wrap=True)
+    return typer.Exit(1)
+
+
 def load_settings(config: Path | None, **overrides: object) -> IngestSettings:
     """Settings from TOML ``[ingest]`` (if given), then environment, then CLI flags."""
     values = tomllib.loads(config.read_text()).get("ingest", {}) if config else {}
@@ -88,8 +94,12 @@ def ingest(
 def chain(lake: LakeOption = Path("sample/lake")) -> None:
     """Sessions -> per-user histories, with chain statistics beside the UserArena paper's."""
     from flows.chain import chain_command
+    from validation.report import GateError
 
-    chain_command(str(lake))
+    try:
+        chain_command(str(lake))
+    except GateError as err:
+        raise stopped(err) from None
 
 
 @app.command()
@@ -108,18 +118,33 @@ def records(
 ) -> None:
     """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
     from flows.records import records_command
+    from validation.report import GateError
 
-    records_command(
-        str(lake),
-        mode,
-        window_single,
-        window_cross,
-        recent_clicks,
-        recent_buys,
-        chunk_states,
-        str(export_jsonl) if export_jsonl else None,
-        export_split,
-    )
+    try:
+        records_command(
+            str(lake),
+            mode,
+            window_single,
+            window_cross,
+            recent_clicks,
+            recent_buys,
+            chunk_states,
+            str(export_jsonl) if export_jsonl else None,
+            export_split,
+        )
+    except GateError as err:
+        raise stopped(err) from None
+
+
+@app.command()
+def validate(
+    lake: LakeOption = Path("sample/lake"),
+    table: Annotated[str | None, typer.Argument(help="one table (default: every table with a suite)")] = None,
+) -> None:
+    """Validate lake tables against their Great Expectations suites; Data Docs per run."""
+    from flows.validate import validate_command
+
+    validate_command(str(lake), table)
 
 
 @app.command()

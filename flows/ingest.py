@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.validate import gate_task
 from transforms.catalog import refresh_catalog
 from transforms.config import IngestSettings
 from transforms.ingest import IngestResult, ingest_bundle
@@ -17,6 +18,7 @@ from transforms.lake import table_files
 from transforms.readers import bundle_fingerprint
 
 RUNS = "_runs"
+INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
 
 
 def manifest_path(lake: str | Path) -> Path:
@@ -103,6 +105,11 @@ def ingest_flow(
         return {**previous, "skipped": True}
     summary = ingest_tables(raw, lake, settings, source_format)
     catalog(lake)
+    # the gate runs before the run is recorded: a stopped gate leaves no "unchanged" manifest behind
+    gate = gate_task(
+        lake, list(INGESTED_TABLES), stage="ingest", raw=raw if source_format == "bundle" else None
+    )
+    summary["validation"] = {"run_id": gate["run_id"], "docs": gate["docs_index"]}
     record_run(lake, summary, bundle)
     return {**summary, "skipped": False}
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.chain import RUNS, catalog, write_json
+from flows.validate import gate_task
 from transforms.prompts import PromptSettings
 from transforms.records import MODES, RecordsSummary, export_chat_jsonl, write_records
 
@@ -70,6 +71,7 @@ def records_flow(
     modes = modes or list(MODES)
     result: dict = {"records": build(lake, modes, settings, chunk_states)}
     catalog(lake)
+    result["validation"] = gate_task(lake, ["records"], stage="records")["run_id"]
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)
     result["summary"] = record_run(lake, result)

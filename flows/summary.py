@@ -57,6 +57,8 @@ def print_ingest_summary(console: Console, summary: dict, wall: float) -> None:
         rows = summary["output_rows"].get(name)
         outputs.add_row(name, "" if rows is None else f"{rows:,}", path)
     console.print(outputs)
+    if summary.get("validation"):
+        console.print(f"validation passed; Data Docs: {summary['validation']['docs']}", soft_wrap=True)
     note = " (bundle unchanged: nothing rewritten)" if summary.get("skipped") else ""
     console.print(f"ingest finished in {wall:.1f}s{note}; lake: {summary['lake']}")
 

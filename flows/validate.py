@@ -1,0 +1,146 @@
+"""Validation in flows: ``gate_task`` after every stage, ``validate_flow`` and the
+``trajforge validate`` command on demand.
+
+A failed gate raises :class:`validation.report.GateError`, whose message is one
+paragraph; Prefect's run loggers are told not to print its traceback (the
+paragraph says everything, and a stop is not a crash).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from prefect import flow, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from rich.console import Console
+from rich.table import Table
+
+from validation.report import GateError, GateSummary
+
+
+class QuietTracebacks(logging.Filter):
+    """Drop the traceback (not the message) of log records raised by the given exception types."""
+
+    def __init__(self, *types: type[BaseException]) -> None:
+        super().__init__()
+        self.types = types
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.types):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_tracebacks(*types: type[BaseException]) -> None:
+    """Install :class:`QuietTracebacks` on Prefect's task and flow run loggers."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logging.getLogger(name).addFilter(QuietTracebacks(*types))
+
+
+quiet_tracebacks(GateError)
+
+
+def summary_markdown(summary: GateSummary) -> str:
+    head = "| table | rows in | rows out | quarantined | warnings | errors |\n|---|---|---|---|---|---|\n"
+    rows = "".join(
+        f"| {t.table} | {t.rows_in:,} | {t.rows_out:,} | {t.quarantined:,} | "
+        f"{', '.join(t.warnings) or '-'} | {', '.join(t.errors) or '-'} |\n"
+        for t in summary.tables.values()
+    )
+    status = "passed" if summary.ok else "**stopped the run**"
+    return (
+        f"# Validation gate after `{summary.stage}`: {status}\n\n"
+        f"Run `{summary.run_id}` over `{summary.lake}` in {summary.seconds:.1f}s.\n\n{head}{rows}\n"
+        f"Data Docs: [{summary.docs_index}](file://{summary.docs_index})  \n"
+        f"Results JSON: `{summary.results_path}`\n"
+    )
+
+
+def publish(summary: GateSummary) -> None:
+    """Prefect artifacts: the summary table and a link to the run's Data Docs."""
+    key = re.sub(r"[^a-z0-9-]+", "-", f"validation-{summary.stage}".lower())
+    create_markdown_artifact(key=key, markdown=summary_markdown(summary), description="validation gate")
+    create_link_artifact(
+        key=f"{key}-docs",
+        link=Path(summary.docs_index).as_uri(),
+        link_text=f"Data Docs of {summary.run_id}",
+        description="Great Expectations Data Docs of this gate run",
+    )
+
+
+@task(name="validation-gate", cache_policy=NO_CACHE)
+def gate_task(lake: str, tables: list[str] | None, stage: str, raw: str | None = None) -> dict:
+    """Validate ``tables`` right after ``stage`` rewrote them; stops the flow on an error.
+
+    Stage gates replace their earlier quarantine rows (the tables are new); the
+    on-demand ``validate`` stage appends.
+    """
+    from validation.gate import run_gate
+
+    try:
+        summary = run_gate(lake, tables, stage=stage, replace_quarantine=stage != "validate", raw=raw)
+    except GateError as err:
+        publish(err.summary)
+        raise
+    publish(summary)
+    return summary.to_dict()
+
+
+@flow(name="validate")
+def validate_flow(lake: str, tables: list[str] | None = None) -> dict:
+    """Run the gate on demand over ``tables`` (default: every lake table with a suite)."""
+    return gate_task(lake, tables, stage="validate")
+
+
+def print_summary(console: Console, summary: dict) -> None:
+    table = Table(title=f"validation {summary['run_id']} (rows in = out + quarantined)")
+    for column in ("table", "rows in", "rows out", "quarantined", "warnings", "errors"):
+        table.add_column(column, justify="left" if column in ("table", "warnings", "errors") else "right")
+    for name, t in summary["tables"].items():
+        table.add_row(
+            name,
+            f"{t['rows_in']:,}",
+            f"{t['rows_out']:,}",
+            f"{t['quarantined']:,}",
+            ", ".join(t["warnings"]) or "-",
+            ", ".join(t["errors"]) or "-",
+        )
+    console.print(table)
+    console.print(f"Data Docs: {Path(summary['docs_index']).as_uri()}", soft_wrap=True)
+    console.print(f"results: {summary['results_path']}", soft_wrap=True)
+
+
+def validate_command(
+    lake: Annotated[str, typer.Option("--lake", help="lake folder")],
+    table: Annotated[str | None, typer.Argument(help="one table (default: every table with a suite)")] = None,
+) -> None:
+    """Validate lake tables against their expectation suites; exit 1 if the gate stops."""
+    console = Console()
+    problem = usage_problem(lake, table)
+    if problem:
+        console.print(f"[red]{problem}[/red]")
+        raise typer.Exit(2)
+    try:
+        summary = validate_flow(str(Path(lake).resolve()), [table] if table else None)
+    except GateError as err:
+        console.print(f"[red]validation stopped:[/red] {err}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    print_summary(console, summary)
+
+
+def usage_problem(lake: str, table: str | None) -> str | None:
+    """Why the command cannot run (checked before Prefect starts), or None."""
+    from transforms.schemas import LAKE_TABLES
+    from validation.suites import all_suites
+
+    if not Path(lake).is_dir():
+        return f"no lake folder at {lake}"
+    known = [n for n in LAKE_TABLES if n in all_suites()]
+    if table is not None and table not in known:
+        return f"no validation suite for table {table!r}; tables with suites: {', '.join(known)}"
+    return None

@@ -1,0 +1,287 @@
+"""The gate over tiny hand-built lakes (tests/validation/lakes.py): green when
+clean, a readable stop when broken, row routing with the accounting identity,
+batching, Data Docs, results files, and the Prefect task/flow/command."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from html.parser import HTMLParser
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.validation import lakes
+from transforms.lake import read_table, table_files
+from validation.gate import quarantine_stage, run_gate
+from validation.report import GateError, GateSummary
+
+
+def _broken_frames() -> dict[str, pl.DataFrame]:
+    """s1's click (step 1) on i3 while only i1 is visible; item i2 priced -5."""
+    frames = lakes.frames()
+    frames["steps"] = frames["steps"].with_columns(
+        pl.when((pl.col("session_id") == "s1") & (pl.col("step") == 1))
+        .then(pl.lit(["i1"]))
+        .otherwise(pl.col("visible_items"))
+        .alias("visible_items")
+    )
+    frames["items"] = frames["items"].with_columns(
+        pl.when(pl.col("item_id") == "i2").then(-5.0).otherwise(pl.col("price")).alias("price")
+    )
+    return frames
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> GateSummary:
+    lake = lakes.write_lake(tmp_path_factory.mktemp("clean"))
+    return run_gate(lake, stage="ingest")
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> tuple[Path, GateError, dict[Path, bytes]]:
+    lake = lakes.write_lake(tmp_path_factory.mktemp("broken"), _broken_frames())
+    before = {p: p.read_bytes() for p in lake.rglob("*.parquet")}
+    with pytest.raises(GateError) as info:
+        run_gate(lake, stage="ingest", batch_rows=4)  # 9 steps -> 3 batches
+    return lake, info.value, before
+
+
+# --- clean ----------------------------------------------------------------------
+
+
+def test_clean_lake_passes_with_every_table_balanced(clean: GateSummary):
+    assert clean.ok
+    assert set(clean.tables) == {"steps", "sessions", "feed_layouts", "items", "profiles", "history"}
+    rows = {t: (r.rows_in, r.rows_out, r.quarantined) for t, r in clean.tables.items()}
+    # 9 steps (6 + 3), 2 sessions, 6 cards (4 + 2), 4 items, 2 profiles, 3 history rows; nothing moves
+    assert rows == {
+        "steps": (9, 9, 0),
+        "sessions": (2, 2, 0),
+        "feed_layouts": (6, 6, 0),
+        "items": (4, 4, 0),
+        "profiles": (2, 2, 0),
+        "history": (3, 3, 0),
+    }
+    assert all(not r.errors for r in clean.tables.values())
+
+
+def test_clean_lake_only_warns_about_split_shares_of_two_users(clean: GateSummary):
+    # u1 train, u2 val: train 50 % < 75 %; val 50 % > 15 %; test 0 % < 5 %. Everything else holds.
+    assert clean.tables["profiles"].warnings == ["train_share_min", "val_share_max", "test_share_min"]
+    assert [t for t, r in clean.tables.items() if r.warnings] == ["profiles"]
+
+
+def test_results_and_summary_json_are_written(clean: GateSummary):
+    results = json.loads(Path(clean.results_path).read_text())
+    suites = {r["meta"]["active_batch_definition"]["data_asset_name"] for r in results}
+    assert suites == {f"{t}{s}" for t in clean.tables for s in ("", ".schema")}
+    summary = json.loads((Path(clean.results_path).parent / "summary.json").read_text())
+    assert summary["ok"] is True and summary["run_id"] == clean.run_id
+    assert all(t["balanced"] for t in summary["tables"].values())
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.hrefs += [v for k, v in attrs if k == "href" and v]
+
+
+def _links(path: Path) -> list[str]:
+    parser = _Links()
+    parser.feed(path.read_text())
+    return parser.hrefs
+
+
+def test_data_docs_render_every_suite(clean: GateSummary):
+    # GE's index lists its pages from embedded table data; a dotted suite name is a sub-folder
+    index = Path(clean.docs_index)
+    text = index.read_text()
+    for table in clean.tables:
+        for suite in (table, f"{table}.schema"):
+            path = suite.replace(".", "/")
+            assert f"expectations/{path}.html" in text and f"validations/{path}/" in text, suite
+            assert suite in (index.parent / "expectations" / f"{path}.html").read_text()
+    listing = Path(clean.lake) / "_docs" / "index.html"
+    assert f"validation/{clean.run_id}/index.html" in _links(listing)
+
+
+# --- broken ---------------------------------------------------------------------
+
+
+def test_broken_lake_stops_with_one_readable_paragraph(broken):
+    lake, error, _ = broken
+    text = str(error)
+    assert "\n" not in text
+    assert "table 'steps' failed expectation 'click_target_visible'" in text
+    assert "on 1 of 9 rows" in text  # only s1's click, combined over 3 batches
+    # the example names the file and row, the key, and the helper's inputs
+    assert "steps/bucket=0/part-0.parquet row 1 {session_id=s1, step=1, action=click" in text
+    assert 'visible_items=["i1"]' in text and "target_item_id=i3" in text
+    assert "items.price_positive (1 row)" in text
+    assert str(lake / "_runs" / "validation") in text
+
+
+def test_broken_lake_is_left_as_it_was(broken):
+    lake, error, before = broken
+    after = {p: p.read_bytes() for p in lake.rglob("*.parquet")}
+    assert after == before, "a stopped gate rewrites nothing and quarantines nothing"
+    assert {t: r.errors for t, r in error.summary.tables.items() if r.errors} == {
+        "steps": ["click_target_visible"],
+        "items": ["price_positive"],
+    }
+    assert not json.loads((Path(error.summary.results_path).parent / "summary.json").read_text())["ok"]
+
+
+def test_schema_drift_is_named_column_by_column(tmp_path: Path):
+    lake = lakes.write_lake(tmp_path)
+    part = table_files(lake, "items")[0]
+    table = pq.read_table(part)
+    drifted = table.set_column(
+        table.schema.get_field_index("price"), "price", table["price"].cast(pa.string())
+    )
+    pq.write_table(drifted.append_column("colour", pa.array(["red"] * table.num_rows)), part)
+    with pytest.raises(GateError) as info:
+        run_gate(lake, ["items"])
+    failed = {o.check: o.examples for o in info.value.summary.failed}
+    assert failed["column_type"] == [
+        {"column": "price", "declared_type": "double", "observed_type": "string"}
+    ]
+    assert failed["declared_type_not_null"] == [
+        {"column": "colour", "declared_type": None, "observed_type": "string"}
+    ]
+    assert "table 'items' failed expectation" in str(info.value)
+
+
+def test_missing_table_and_unknown_table(tmp_path: Path):
+    lake = lakes.write_lake(tmp_path)
+    with pytest.raises(GateError, match="'records' failed expectation 'table_present'"):
+        run_gate(lake, ["records"], docs=False)
+    with pytest.raises(ValueError, match="no validation suite for nope"):
+        run_gate(lake, ["nope"])
+
+
+# --- routing --------------------------------------------------------------------
+
+
+def _history_with_two_bad_rows(lake: Path) -> Path:
+    frames = lakes.frames()
+    history = frames["history"].with_columns(
+        pl.when(pl.int_range(pl.len()) == 1).then(pl.lit("view")).otherwise(pl.col("kind")).alias("kind"),
+        pl.when(pl.int_range(pl.len()) == 2)
+        .then(pl.lit(datetime(2100, 1, 1, tzinfo=UTC)).dt.cast_time_unit("ms"))
+        .otherwise(pl.col("ts"))
+        .alias("ts"),
+    )
+    return lakes.write_lake(lake, {"history": history})
+
+
+def test_row_level_warnings_route_rows_and_keep_the_identity(tmp_path: Path):
+    lake = _history_with_two_bad_rows(tmp_path)
+    summary = run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False)
+    report = summary.tables["history"]
+    assert summary.ok and report.warnings == ["kind_known", "ts_plausible"]
+    assert (report.rows_in, report.rows_out, report.quarantined) == (3, 1, 2)
+    moved = read_table(lake, "quarantine").sort("source_row")
+    assert moved["stage"].to_list() == [quarantine_stage("history")] * 2
+    assert moved["reason"].to_list() == ["expectation:kind_known", "expectation:ts_plausible"]
+    assert moved["source_file"].to_list() == ["history/part-0.parquet"] * 2
+    assert moved["source_row"].to_list() == [1, 2]
+    assert json.loads(moved["payload"][0])["kind"] == "view"
+    assert read_table(lake, "history").height == 1
+
+    again = run_gate(lake, ["history"], docs=False)  # on demand: nothing new, nothing lost
+    assert (again.tables["history"].rows_in, again.tables["history"].quarantined) == (1, 0)
+    assert read_table(lake, "quarantine").height == 2
+
+    lakes.write_lake(lake, {"history": lakes.history()})  # the stage re-ran with good data
+    run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False)
+    assert not table_files(lake, "quarantine"), "stale gate rejects of the old table are gone"
+
+
+def test_mostly_is_judged_on_all_batches(tmp_path: Path):
+    frames = lakes.frames()
+    profiles = frames["profiles"].with_columns(
+        pl.when(pl.col("user_id") == "u2")
+        .then(pl.col("profile").struct.with_fields(pl.lit(None, dtype=pl.String).alias("gender")))
+        .otherwise(pl.col("profile"))
+        .alias("profile")
+    )
+    lake = lakes.write_lake(tmp_path, {"profiles": profiles})
+    # one batch per user: each batch alone is 0 % or 100 % covered; together 50 % < 99 %
+    summary = run_gate(lake, ["profiles"], batch_rows=1, docs=False)
+    coverage = next(o for o in summary.outcomes if o.check == "profile__gender_not_null")
+    assert (coverage.success, coverage.evaluated, coverage.unexpected) == (False, 2, 1)
+    assert "profile__gender_not_null" in summary.tables["profiles"].warnings
+
+
+# --- Prefect --------------------------------------------------------------------
+
+
+def test_validate_flow_publishes_artifacts(prefect_harness, clean: GateSummary):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.validate import validate_flow
+
+    result = validate_flow(clean.lake, ["items"])
+    assert result["ok"] and list(result["tables"]) == ["items"]
+    with get_client(sync_client=True) as client:
+        keys = {
+            a.key
+            for a in client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=["validation-validate", "validation-validate-docs"])
+                )
+            )
+        }
+    assert keys == {"validation-validate", "validation-validate-docs"}
+
+
+def test_validate_command_stops_cleanly(prefect_harness, broken, capfd):
+    import typer
+
+    from flows.validate import validate_command
+
+    lake, _, _ = broken
+    with pytest.raises(typer.Exit) as info:
+        validate_command(str(lake), "steps")
+    out, err = capfd.readouterr()
+    assert info.value.exit_code == 1
+    assert "click_target_visible" in out and "Traceback" not in out + err
+    with pytest.raises(typer.Exit) as info:
+        validate_command(str(lake), "nope")
+    assert info.value.exit_code == 2 and "no validation suite" in capfd.readouterr().out
+
+
+# --- raw inputs -----------------------------------------------------------------
+
+
+def test_raw_suites_report_without_raw_ids(tmp_path: Path):
+    from tests.validation.torture import fault
+    from transforms.ingest import ingest_bundle
+
+    raw, lake = tmp_path / "raw", tmp_path / "lake"
+    fault("duplicate_event_id").build(raw)  # a second e11 with other values
+    ingest_bundle(raw, lake)
+    summary = run_gate(lake, ["steps"], raw=raw, docs=False)
+    assert summary.ok, "raw suites only report"
+    raw_tables = {t: r for t, r in summary.tables.items() if t.startswith("raw.")}
+    assert set(raw_tables) == {"raw.profiles", "raw.items", "raw.feeds", "raw.events", "raw.history"}
+    # 13 event rows, both copies of e11 are not unique
+    assert raw_tables["raw.events"].rows_in == 13 and raw_tables["raw.events"].warnings == ["key_unique"]
+    assert (
+        next(o for o in summary.outcomes if o.suite == "raw.events" and o.check == "key_unique").unexpected
+        == 2
+    )
+    written = (
+        Path(summary.results_path).read_text()
+        + (Path(summary.results_path).parent / "summary.json").read_text()
+    )
+    assert '"e11"' not in written and "pv3" not in written and '"u3"' not in written, "no raw id in the lake"

@@ -1,0 +1,408 @@
+"""The validation gate: run the suites over lake tables (and optionally a raw
+bundle), stop on errors, route bad rows to quarantine, report.
+
+Per table:
+
+1. ``<table>.schema``: stored Parquet columns and Arrow types against the
+   declared schema (a frame of one row per column, validated by GE).
+2. ``<table>``: the data, loaded with Polars, helper columns computed over the
+   whole table, then converted to Arrow-backed pandas in batches of
+   ``batch_rows`` and validated by GE batch by batch; counts and failing row
+   numbers are combined across batches (``mostly`` is judged on the totals).
+
+If any error-severity expectation fails, nothing is rewritten and
+:class:`GateError` is raised. Otherwise rows failing a row-level ``warn`` check
+move to quarantine (stage ``validate-<table>``, reason
+``expectation:<check>``) and the table is rewritten without them, so rows in =
+rows out + quarantined. Results JSON and Data Docs are written in both cases.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from transforms.config import IngestSettings
+from transforms.lake import table_dir, table_files, write_quarantine, write_table
+from transforms.schemas import LAKE_TABLES
+from validation.report import (
+    DOCS_DIR,
+    EXAMPLES,
+    RUNS_DIR,
+    GateError,
+    GateSummary,
+    Outcome,
+    TableReport,
+    write_docs_listing,
+    write_run_files,
+)
+from validation.suites import RAW_ID_COLUMNS, TableSuite, all_suites, schema_suite
+
+BATCH_ROWS = 200_000
+ROW, FILE, FILE_ROW = "__gate_row", "__gate_file", "__gate_file_row"
+
+
+def quarantine_stage(table: str) -> str:
+    return f"validate-{table}"
+
+
+@dataclass
+class Loaded:
+    """A table ready for GE: declared columns (maybe a subset), helpers, locators, ``ROW``."""
+
+    frame: pl.DataFrame
+    full: bool  # every declared column loaded (needed to rewrite the table)
+
+
+# --- schema -------------------------------------------------------------------
+
+
+def canonical(t: pa.DataType) -> str:
+    """Arrow type text with large/view variants folded (same logical type on disk)."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return f"list<{canonical(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{f.name}: {canonical(f.type)}" for f in t) + ">"
+    return str(t)
+
+
+def schema_frame(declared: pa.Schema, files: Sequence[Path]) -> pl.DataFrame:
+    """One row per column seen or declared: its declared and stored (observed) type."""
+    observed: dict[str, list[str]] = {}
+    for path in files:
+        for f in pq.read_schema(path):
+            types = observed.setdefault(f.name, [])
+            if canonical(f.type) not in types:
+                types.append(canonical(f.type))
+    names = [f.name for f in declared] + [n for n in observed if n not in declared.names]
+    return pl.DataFrame(
+        {
+            "column": names,
+            "declared_type": [
+                canonical(declared.field(n).type) if n in declared.names else None for n in names
+            ],
+            "observed_type": [" | ".join(observed[n]) if n in observed else None for n in names],
+        },
+        schema={"column": pl.String, "declared_type": pl.String, "observed_type": pl.String},
+    )
+
+
+# --- loading ------------------------------------------------------------------
+
+
+def _needed(suite: TableSuite) -> list[str]:
+    helper_inputs = {c for h in suite.helpers for c in h.build().meta.root_names()}
+    wanted = set(suite.columns()) | helper_inputs | set(suite.keys)
+    return [n for n in suite.schema.names if n in wanted]
+
+
+def load_lake_table(lake: Path, suite: TableSuite, files: Sequence[Path]) -> Loaded:
+    full = any(c.level == "row" for c in suite.checks)
+    columns = suite.schema.names if full else _needed(suite)
+    parts = [
+        pl.read_parquet(path, columns=columns, hive_partitioning=False).with_columns(
+            pl.lit(path.relative_to(lake).as_posix()).alias(FILE),
+            pl.int_range(pl.len(), dtype=pl.Int64).alias(FILE_ROW),
+        )
+        for path in files
+    ]
+    return Loaded(pl.concat(parts, how="vertical_relaxed"), full)
+
+
+def load_raw_table(frame: pl.DataFrame) -> Loaded:
+    """A raw table as read by transforms.readers, its locators renamed (``prepare`` drops raw ids)."""
+    located = frame.rename({"_file": FILE, "_row": FILE_ROW}) if "_file" in frame.columns else frame
+    return Loaded(located, full=False)
+
+
+def prepare(suite: TableSuite, frame: pl.DataFrame) -> pl.DataFrame:
+    helpers = [h.build().alias(h.name) for h in suite.helpers]
+    out = frame.with_columns(helpers) if helpers else frame
+    if suite.raw:
+        out = out.drop([c for c in RAW_ID_COLUMNS if c in out.columns])
+    return out.with_row_index(ROW)
+
+
+def batches(suite: TableSuite, frame: pl.DataFrame, batch_rows: int) -> Iterator[Any]:
+    from validation.ge import to_pandas
+
+    columns = [*suite.columns(), ROW]
+    for offset in range(0, max(frame.height, 1), batch_rows):
+        yield to_pandas(frame.slice(offset, batch_rows).select(columns), ROW)
+
+
+# --- combining GE results -----------------------------------------------------
+
+
+def _by_check(results: list[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for result in results:
+        for r in result.results:
+            out.setdefault(r.expectation_config.meta["check"], []).append(r)
+    return out
+
+
+def _exception(parts: list[Any]) -> str | None:
+    for r in parts:
+        info = r.exception_info or {}
+        if info.get("raised_exception"):
+            return str(info.get("exception_message") or "unknown error").splitlines()[0][:300]
+    return None
+
+
+def _row_number(index: Any) -> int:
+    # GE reports a named index as {index name: value, column: value}
+    return int(index[ROW]) if isinstance(index, dict) else int(index)
+
+
+def combine(suite: TableSuite, results: list[Any]) -> list[Outcome]:
+    """Outcomes per check over all batches; map expectations judged on total counts."""
+    grouped = _by_check(results)
+    outcomes = []
+    for c in suite.checks:
+        parts = grouped.get(c.name, [])
+        o = Outcome(suite.name, suite.table, c.name, c.expectation, c.severity, c.level, c.doc, success=True)
+        o.exception = _exception(parts) if parts else "the expectation returned no result"
+        counted = [r.result for r in parts if "unexpected_count" in r.result]
+        if o.exception is None and counted and len(counted) == len(parts):
+            o.evaluated = sum(r.get("element_count") or 0 for r in counted)
+            missing = sum(r.get("missing_count") or 0 for r in counted)
+            o.unexpected = sum(r["unexpected_count"] or 0 for r in counted)
+            o.rows = [_row_number(i) for r in counted for i in (r.get("unexpected_index_list") or [])]
+            nonmissing = o.evaluated - missing
+            mostly = float(c.kwargs.get("mostly", 1.0))
+            o.success = o.unexpected == 0 or (nonmissing > 0 and 1 - o.unexpected / nonmissing >= mostly)
+        elif o.exception is None:
+            o.success = all(r.success for r in parts)
+            o.observed = [r.result.get("observed_value") for r in parts]
+        else:
+            o.success = False
+        outcomes.append(o)
+    return outcomes
+
+
+def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome]) -> None:
+    """Up to EXAMPLES failing rows per failed check: locator, keys and the columns it read."""
+    locators = [c for c in (FILE, FILE_ROW) if c in frame.columns]
+    inputs = {h.name: h.build().meta.root_names() for h in suite.helpers}
+    for o in outcomes:
+        if o.success or not o.rows:
+            continue
+        read = [x for c in suite.check(o.check).columns() for x in (*inputs.get(c, []), c)]
+        columns = [c for c in dict.fromkeys([*suite.keys, *read, *suite.shown]) if c in frame.columns]
+        rows = frame.filter(pl.col(ROW).is_in(sorted(o.rows)[:EXAMPLES])).select(locators + columns)
+        for row in rows.to_dicts():
+            at = f"{row.pop(FILE)} row {row.pop(FILE_ROW)}" if locators else ""
+            o.examples.append({"_at": at, **row} if at else row)
+
+
+# --- routing ------------------------------------------------------------------
+
+
+def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
+    """ROW -> reason (first routed check in suite order) and detail (all routed checks)."""
+    tags = [
+        pl.DataFrame({ROW: o.rows, "check": o.check, "order": i}, schema_overrides={ROW: pl.UInt32})
+        for i, o in enumerate(outcomes)
+        if o.routes and o.rows
+    ]
+    if not tags:
+        return pl.DataFrame(schema={ROW: pl.UInt32, "reason": pl.String, "detail": pl.String})
+    docs = {c.name: f"{c.doc} ({c.expectation})" for c in suite.checks}
+    return (
+        pl.concat(tags)
+        .sort(ROW, "order")
+        .group_by(ROW, maintain_order=True)
+        .agg(pl.col("check"))
+        .select(
+            ROW,
+            pl.concat_str(pl.lit("expectation:"), pl.col("check").list.first()).alias("reason"),
+            pl.col("check")
+            .list.eval(pl.element().replace_strict(docs, default=""))
+            .list.join("; ")
+            .alias("detail"),
+        )
+    )
+
+
+def route(lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool) -> int:
+    """Move rows failing row-level warn checks to quarantine; rewrite the table. Returns rows moved."""
+    tags = _reasons(suite, outcomes)
+    stage = quarantine_stage(suite.table)
+    existing = table_dir(lake, "quarantine") / f"stage={stage}"
+    if tags.height == 0:
+        if replace and existing.exists():
+            shutil.rmtree(existing)  # the stage rewrote the table: earlier gate rejects are stale
+        return 0
+    declared = suite.schema.names
+    rejected = frame.join(tags, on=ROW, how="inner")
+    rows = rejected.select(
+        pl.lit(suite.table).alias("table"),
+        pl.col(FILE).alias("source_file"),
+        pl.col(FILE_ROW).alias("source_row"),
+        "reason",
+        "detail",
+        pl.struct(declared).struct.json_encode().alias("payload"),
+        pl.lit(False).alias("kept"),
+        pl.lit(stage).alias("stage"),
+    )
+    if not replace and existing.exists():
+        rows = pl.concat([pl.read_parquet(existing, hive_partitioning=False).select(rows.columns), rows])
+    write_table(lake, suite.table, frame.join(tags, on=ROW, how="anti").select(declared))
+    write_quarantine(lake, stage, rows.drop("stage"))
+    return tags.height
+
+
+# --- the run ------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    suite: TableSuite
+    loaded: Loaded | None
+    outcomes: list[Outcome]
+    report: TableReport
+
+
+class Gate:
+    """One gate run: its id, folders, GE runner and everything it validated."""
+
+    def __init__(self, lake: Path, stage: str, settings: IngestSettings | None, batch_rows: int) -> None:
+        from validation.ge import Runner
+
+        self.lake, self.stage, self.batch_rows = lake, stage, batch_rows
+        self.suites = all_suites(settings)
+        now = datetime.now(UTC)
+        self.run_id = f"{now:%Y%m%dT%H%M%S}Z-{stage}-{uuid.uuid4().hex[:6]}"
+        self.run_dir = lake / RUNS_DIR / self.run_id
+        self.runner = Runner(lake / DOCS_DIR / "validation" / self.run_id, self.run_id)
+        self.summary = GateSummary(self.run_id, stage, str(lake), now.isoformat())
+        self.results: list[dict[str, Any]] = []
+        self.checked: list[Checked] = []
+
+    def _run(self, suite: TableSuite, frame: pl.DataFrame) -> list[Outcome]:
+        results = self.runner.validate(suite, batches(suite, frame, self.batch_rows))
+        self.results += [r.to_json_dict() for r in results]
+        outcomes = combine(suite, results)
+        attach_examples(suite, frame, outcomes)
+        self.summary.outcomes += outcomes
+        return outcomes
+
+    def lake_table(self, name: str) -> Checked:
+        suite = self.suites[name]
+        report = TableReport(name, suite.name, suite.version)
+        files = table_files(self.lake, name)
+        if not files:
+            return self._record(Checked(suite, None, [self._missing(suite)], report))
+        schema = schema_suite(suite)
+        outcomes = self._run(schema, prepare(schema, schema_frame(suite.schema, files)))
+        if any(o.stops for o in outcomes):
+            return self._record(Checked(suite, None, outcomes, report))
+        loaded = load_lake_table(self.lake, suite, files)
+        frame = prepare(suite, loaded.frame)
+        report.rows_in = report.rows_out = frame.height
+        return self._record(Checked(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
+
+    def raw_table(self, name: str, frame: pl.DataFrame) -> Checked:
+        suite = self.suites[f"raw.{name}"]
+        report = TableReport(suite.name, suite.name, suite.version, frame.height, frame.height)
+        prepared = prepare(suite, load_raw_table(frame).frame)
+        return self._record(Checked(suite, None, self._run(suite, prepared), report))
+
+    def _missing(self, suite: TableSuite) -> Outcome:
+        doc = f"the table has Parquet files under {table_dir(self.lake, suite.table)}"
+        outcome = Outcome(suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False)
+        self.summary.outcomes.append(outcome)
+        return outcome
+
+    def _record(self, checked: Checked) -> Checked:
+        for o in checked.outcomes:
+            target = checked.report.errors if o.stops else checked.report.warnings
+            if not o.success or o.exception:
+                target.append(o.check)
+        self.summary.tables[checked.report.table] = checked.report
+        self.checked.append(checked)
+        return checked
+
+    def route_all(self, replace: bool) -> None:
+        for c in self.checked:
+            if c.loaded is None or c.suite.raw:
+                continue
+            if not c.loaded.full and any(o.routes for o in c.outcomes):
+                raise AssertionError(f"{c.suite.name}: row-level checks need every column loaded")
+            moved = route(self.lake, c.suite, c.loaded.frame, c.outcomes, replace)
+            c.report.quarantined, c.report.rows_out = moved, c.report.rows_in - moved
+
+    def finish(self, started: float, docs: bool) -> GateSummary:
+        self.summary.results_path = str(self.run_dir / "results.json")
+        self.summary.docs_index = str(self.runner.build_docs()) if docs else ""
+        self.summary.seconds = round(time.perf_counter() - started, 3)
+        write_run_files(self.run_dir, self.summary, self.results)
+        write_docs_listing(self.lake)
+        return self.summary
+
+
+def lake_tables_present(lake: Path) -> list[str]:
+    suites = all_suites()
+    return [n for n in LAKE_TABLES if n in suites and table_files(lake, n)]
+
+
+def read_raw(raw: str | Path, settings: IngestSettings) -> dict[str, pl.DataFrame]:
+    from transforms.readers import read_bundle
+    from transforms.rekey import Pseudonymizer
+
+    bundle = read_bundle(raw, settings.timestamp_unit, Pseudonymizer(settings.rekey_key))
+    return {name: t.frame for name, t in bundle.items() if t.frame.width}
+
+
+def run_gate(
+    lake: str | Path,
+    tables: Sequence[str] | None = None,
+    *,
+    stage: str = "validate",
+    replace_quarantine: bool = False,
+    raw: str | Path | None = None,
+    settings: IngestSettings | None = None,
+    batch_rows: int = BATCH_ROWS,
+    docs: bool = True,
+) -> GateSummary:
+    """Validate lake ``tables`` (default: every present table with a suite) and, if ``raw``
+    is given, the raw bundle's tables. Raises :class:`GateError` on an error-severity failure.
+
+    ``replace_quarantine``: the calling stage has just rewritten these tables, so the
+    gate's earlier quarantine rows for them are replaced; on-demand runs append.
+    ``docs=False`` skips rendering Data Docs (throwaway lakes in tests).
+    """
+    started = time.perf_counter()
+    lake = Path(lake)
+    names = list(tables) if tables else lake_tables_present(lake)
+    unknown = [n for n in names if n not in all_suites(settings) or n not in LAKE_TABLES]
+    if unknown:
+        known = ", ".join(n for n in LAKE_TABLES if n in all_suites(settings))
+        raise ValueError(f"no validation suite for {', '.join(unknown)}; tables with suites: {known}")
+    gate = Gate(lake, stage, settings, batch_rows)
+    for name in names:
+        gate.lake_table(name)
+    if raw is not None:
+        for name, frame in read_raw(raw, settings or IngestSettings()).items():
+            gate.raw_table(name, frame)
+    if gate.summary.ok:
+        gate.route_all(replace_quarantine)
+    summary = gate.finish(started, docs)
+    if not summary.ok:
+        raise GateError(summary)
+    return summary
