@@ -75,18 +75,23 @@ def ingest(
 ) -> None:
     """Raw log bundle (or UserArena release) -> step-aligned lake tables, quarantine, DuckDB catalog."""
     from flows.ingest import ingest_flow
+    from transforms.readers import BundleError
+    from validation.report import GateError
 
     settings = load_settings(config, buckets=buckets)
     started = time.perf_counter()
-    with progress_bar(console) as bar:
-        bar.add_task(f"ingesting {raw}", total=None)
-        summary = ingest_flow(
-            str(raw.resolve()),
-            str(lake.resolve()),
-            settings=settings,
-            force=force,
-            source_format=source_format,
-        )
+    try:
+        with progress_bar(console) as bar:
+            bar.add_task(f"ingesting {raw}", total=None)
+            summary = ingest_flow(
+                str(raw.resolve()),
+                str(lake.resolve()),
+                settings=settings,
+                force=force,
+                source_format=source_format,
+            )
+    except (BundleError, GateError) as err:
+        raise stopped(err) from None
     print_ingest_summary(console, summary, time.perf_counter() - started)
 
 

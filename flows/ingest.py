@@ -10,12 +10,14 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.validate import gate_task
+from flows.validate import gate_task, quiet_tracebacks
 from transforms.catalog import refresh_catalog
 from transforms.config import IngestSettings
 from transforms.ingest import IngestResult, ingest_bundle
 from transforms.lake import table_files
-from transforms.readers import bundle_fingerprint
+from transforms.readers import BundleError, bundle_fingerprint
+
+quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
 
 RUNS = "_runs"
 INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
