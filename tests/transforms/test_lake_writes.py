@@ -112,3 +112,16 @@ def test_no_raw_id_reaches_the_lake(tmp_path):
             content = path.read_bytes()
             leaked = [i for i in raw_ids if i.encode() in content]
             assert not leaked, (path, leaked)
+
+
+def test_no_synthetic_platform_id_reaches_the_lake(tmp_path):
+    # the synthetic world's ids carry distinctive prefixes, image refs embed them too
+    from synthetic.bundle import write_bundle as synth_bundle
+
+    synth_bundle(tmp_path / "raw", users=40, seed=3, fmt="parquet")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    refresh_catalog(tmp_path / "lake")
+    for path in (tmp_path / "lake").rglob("*"):
+        if path.is_file():
+            content = path.read_bytes()
+            assert not [p for p in (b"usr-", b"pv-", b"ev-", b"itm-") if p in content], path
