@@ -180,17 +180,41 @@ def run(
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
 ) -> None:
-    """The main job on the embedded default: synthetic logs -> ingest -> chain -> records."""
+    """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow."""
+    from flows.chain import print_chain_summary
+    from flows.pipeline import pipeline_flow
+    from flows.records import print_records_summary
+    from transforms.readers import BundleError
+    from validation.report import GateError
+
     started = time.perf_counter()
     raw, lake = workdir / "raw", workdir / "lake"
     synth(out=raw, users=users, seed=seed, fmt="parquet")
-    ingest(raw=raw, lake=lake, config=None, buckets=None, force=False, source_format="bundle")
-    chain(lake=lake)
-    records(lake=lake)
+    try:
+        with progress_bar(console) as bar:
+            bar.add_task("pipeline: ingest -> chain -> records (gated)", total=None)
+            result = pipeline_flow(str(raw.resolve()), str(lake.resolve()))
+    except (BundleError, GateError) as err:
+        raise stopped(err) from None
+    print_ingest_summary(console, result["ingest"], time.perf_counter() - started)
+    print_chain_summary(console, result["chain"])
+    print_records_summary(console, result["records"])
     catalog = (lake / "warehouse.duckdb").resolve()
     console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")
     console.print(f'try: trajforge sql --lake {lake} "SELECT * FROM action_mix()"')
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
+
+
+@app.command()
+def serve(
+    raw: Annotated[Path, typer.Option("--raw", help="raw log bundle the nightly run ingests")],
+    lake: LakeOption = Path("lake"),
+    cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly run (UTC)")] = "0 2 * * *",
+) -> None:
+    """Serve the pipeline's deployments (nightly run + on-demand validation) from this process."""
+    from flows.deployments import serve_deployments
+
+    serve_deployments(str(raw.resolve()), str(lake.resolve()), cron)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,26 @@
+"""Deployments as served by ``trajforge serve`` and declared in prefect.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from flows.deployments import deployments
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_served_deployments_carry_schedule_and_parameters():
+    nightly, on_demand = deployments("/logs", "/lake", cron="30 1 * * *")
+    assert (nightly.name, nightly.flow_name) == ("nightly", "pipeline")
+    assert nightly.parameters == {"raw": "/logs", "lake": "/lake"}
+    assert [s.schedule.cron for s in nightly.schedules] == ["30 1 * * *"]
+    assert (on_demand.flow_name, on_demand.parameters, on_demand.schedules) == ("validate", {"lake": "/lake"}, [])
+
+
+def test_prefect_yaml_entrypoints_exist():
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    for deployment in spec["deployments"]:
+        module, function = deployment["entrypoint"].split(":")
+        assert f"def {function}(" in (ROOT / module).read_text(), deployment["entrypoint"]
