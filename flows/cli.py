@@ -141,6 +141,15 @@ def records(
         raise stopped(err) from None
 
 
+def _register_extract() -> None:
+    from flows.extract import extract_command
+
+    app.command(name="extract")(extract_command)
+
+
+_register_extract()
+
+
 @app.command()
 def validate(
     lake: LakeOption = Path("sample/lake"),
@@ -180,8 +189,10 @@ def run(
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
 ) -> None:
-    """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow."""
+    """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow
+    (ingest, chain, records, offline extraction, every stage validated)."""
     from flows.chain import print_chain_summary
+    from flows.extract import print_summary as print_extract_summary
     from flows.pipeline import pipeline_flow
     from flows.records import print_records_summary
     from transforms.readers import BundleError
@@ -192,12 +203,13 @@ def run(
     synth(out=raw, users=users, seed=seed, fmt="parquet")
     try:
         with progress_bar(console) as bar:
-            bar.add_task("pipeline: ingest -> chain -> records (gated)", total=None)
+            bar.add_task("pipeline: ingest -> chain -> records -> extract -> records (gated)", total=None)
             result = pipeline_flow(str(raw.resolve()), str(lake.resolve()))
     except (BundleError, GateError) as err:
         raise stopped(err) from None
     print_ingest_summary(console, result["ingest"], time.perf_counter() - started)
     print_chain_summary(console, result["chain"])
+    print_extract_summary(console, result["extract"], time.perf_counter() - started)
     print_records_summary(console, result["records"])
     catalog = (lake / "warehouse.duckdb").resolve()
     console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")

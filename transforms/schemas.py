@@ -316,7 +316,7 @@ INTENTS = pa.schema(
         ("tokens_out", pa.int64()),
         ("attempts", pa.int32()),  # answers asked for: 1 + re-asks
         ("cached", pa.bool_()),  # every answer came from the response cache
-        ("leakage_verdict", pa.string()),  # clean | clean_after_reask (rejected ones go to quarantine)
+        ("leakage_verdict", pa.string()),  # "clean": the kept answer passed the checker (rejects: quarantine)
         ("violations", pa.list_(pa.string())),  # codes found in rejected earlier answers
         ("bucket", pa.int32()),
     ]

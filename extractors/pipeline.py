@@ -1,0 +1,546 @@
+"""Extraction over the lake, one user-bucket partition at a time (plain Python; the flow wraps it).
+
+Per bucket: read ``records`` (+ the users' ``steps`` and their ``items``), build
+the intent jobs (train split only; one per (mode, trajectory)) and the rationale
+jobs (one per recorded action), run the backend, then
+
+* write the bucket's intents / rationales / quarantine rows as partial files
+  under ``LAKE/_cache/extract-parts/bucket=K/`` (assembled by ``finalize``), and
+* rewrite ``records/bucket=K`` atomically with ``rationale``, ``response`` and
+  (train rows) ``intent`` filled.
+
+Accounting per bucket and kind: jobs = ok + quarantined + pending. Pending jobs
+(budget spent, endpoint refusing us) are not failures: a re-run resumes them,
+and the response cache serves everything already paid for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import polars as pl
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from extractors.answer import Outcome
+from extractors.cache import ResponseCache
+from extractors.client import Budget, LLMClient, Stats
+from extractors.config import ExtractSettings
+from extractors.intent import intent_heuristic, intent_llm
+from extractors.rationale import CHECKS, gold_response, rationale_heuristic, rationale_llm
+from extractors.schemas import Intent, RationaleAnswer
+from extractors.trajectory import STEP_COLUMNS, IntentJob, RationaleJob, Timeline, build_timelines
+from transforms.lake import (
+    conform,
+    scan_table,
+    swap_into_place,
+    table_dir,
+    table_files,
+    write_quarantine,
+    write_table,
+)
+from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, RECORDS
+
+STAGE = "extract"
+PARTS = Path("_cache") / "extract-parts"
+RUNS = Path("_runs") / "extract"
+KINDS = ("intents", "rationales")
+T = TypeVar("T")
+
+
+# --- reports -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Carry:
+    """What one bucket hands to the next: the budget spent so far and whether sending has stopped."""
+
+    spent_usd: float = 0.0
+    spent_tokens: int = 0
+    stopped: str | None = None
+
+
+@dataclass
+class BucketReport:
+    bucket: int
+    counts: dict[str, dict[str, int]]  # kind -> jobs / ok / quarantined / pending
+    stats: dict[str, Any]
+    quarantine_by_reason: dict[str, int]
+    carry: Carry = field(default_factory=Carry)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BucketReport:
+        return cls(**{**data, "carry": Carry(**data["carry"])})
+
+
+def record_buckets(lake: str | Path) -> list[int]:
+    """Buckets of the records table (hive folders ``bucket=K``)."""
+    parents = {f.parent.name for f in table_files(lake, "records")}
+    return sorted(int(p.split("=", 1)[1]) for p in parents if p.startswith("bucket="))
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def load_bucket(lake: str | Path, bucket: int) -> tuple[pl.DataFrame, dict[str, Timeline]]:
+    records = scan_table(lake, "records").filter(pl.col("bucket") == bucket).collect()
+    users = records["user_id"].unique()
+    steps = scan_table(lake, "steps", STEP_COLUMNS).filter(pl.col("user_id").is_in(users)).collect()
+    shown = pl.concat(
+        [steps["visible_items"].explode(), steps["ipv_item_id"], steps["target_item_id"]]
+    ).drop_nulls()
+    items = scan_table(lake, "items").filter(pl.col("item_id").is_in(shown.unique())).collect()
+    return records, build_timelines(steps, items)
+
+
+def intent_jobs(records: pl.DataFrame, timelines: dict[str, Timeline]) -> list[IntentJob]:
+    """One job per (mode, trajectory) of the train split, sessions in time order."""
+    train = records.filter(pl.col("split") == "train")
+    groups = train.group_by("mode", "trajectory_id", maintain_order=True).agg(
+        pl.col("user_id").first(), pl.col("session_id").unique(maintain_order=True), pl.col("bucket").first()
+    )
+    jobs = []
+    for row in groups.iter_rows(named=True):
+        timeline = timelines.get(row["user_id"])
+        if timeline is None:
+            continue  # no steps at all for this user: quarantined by missing_steps()
+        order = {s: i for i, s in enumerate(timeline.sessions())}
+        sessions = tuple(sorted((s for s in row["session_id"] if s in order), key=order.__getitem__))
+        jobs.append(
+            IntentJob(row["trajectory_id"], row["mode"], row["user_id"], sessions, row["bucket"], timeline)
+        )
+    return jobs
+
+
+def rationale_jobs(records: pl.DataFrame, timelines: dict[str, Timeline]) -> list[RationaleJob]:
+    """One job per recorded action; when a step appears in both modes the single-mode prompt is used."""
+    distinct = records.sort(pl.col("mode") != "single", maintain_order=True).unique(
+        "record_id", keep="first", maintain_order=True
+    )
+    jobs = []
+    for r in distinct.iter_rows(named=True):
+        timeline = timelines.get(r["user_id"])
+        if timeline is None or (r["session_id"], r["step"]) not in timeline.position:
+            continue
+        jobs.append(
+            RationaleJob(
+                r["record_id"], r["session_id"], r["user_id"], r["step"], r["split"], r["bucket"],
+                r["action"], r["action_json"], r["prompt"], timeline,
+            )
+        )  # fmt: skip
+    return jobs
+
+
+def missing_steps(records: pl.DataFrame, i_jobs: list[IntentJob], r_jobs: list[RationaleJob]) -> pl.DataFrame:
+    """Trajectories and records without rows in ``steps``: quarantined, never silently dropped."""
+    have_i = pl.DataFrame(
+        {"mode": [j.mode for j in i_jobs], "trajectory_id": [j.trajectory_id for j in i_jobs]},
+        schema={"mode": pl.String, "trajectory_id": pl.String},
+    )
+    lost_i = (
+        records.filter(pl.col("split") == "train")
+        .unique(["mode", "trajectory_id"], maintain_order=True)
+        .join(have_i, on=["mode", "trajectory_id"], how="anti")
+        .with_columns(pl.lit("intents").alias("table"), pl.struct("mode", "trajectory_id").alias("_key"))
+    )
+    have_r = pl.Series("record_id", [j.record_id for j in r_jobs], dtype=pl.String)
+    lost_r = (
+        records.filter(~pl.col("record_id").is_in(have_r))
+        .unique("record_id", maintain_order=True)
+        .with_columns(
+            pl.lit("rationales").alias("table"), pl.struct("record_id", "session_id", "step").alias("_key")
+        )
+    )
+    return pl.concat([lost_i, lost_r], how="diagonal_relaxed").select(
+        "table",
+        pl.format("records/bucket={}", pl.col("bucket")).alias("source_file"),
+        pl.lit(None, dtype=pl.Int64).alias("source_row"),
+        pl.lit("missing_step").alias("reason"),
+        pl.lit("no rows in steps for this record / trajectory").alias("detail"),
+        pl.col("_key").struct.json_encode().alias("payload"),
+        pl.lit(False).alias("kept"),
+    )
+
+
+# --- running the backend ---------------------------------------------------------------------
+
+
+def _progress(settings: ExtractSettings) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=not settings.progress,
+    )
+
+
+async def _drain(
+    jobs: Sequence[T], run: Callable[[T], Awaitable[Any]], workers: int, tick: Callable[[], None]
+) -> list:
+    """Run ``jobs`` with at most ``workers`` in flight; results in job order."""
+    results: list[Any] = [None] * len(jobs)
+    queue = iter(enumerate(jobs))
+
+    async def worker() -> None:
+        for i, job in queue:  # the shared iterator hands each job to exactly one worker
+            results[i] = await run(job)
+            tick()
+
+    await asyncio.gather(*(worker() for _ in range(min(workers, len(jobs)))))
+    return results
+
+
+async def _run_openai(
+    settings: ExtractSettings,
+    cache: ResponseCache | None,
+    carry: Carry,
+    jobs: tuple[list, list],
+    tick: Callable[[], None],
+) -> tuple[list[Outcome[Intent]], list[Outcome[RationaleAnswer]], Stats, Budget]:
+    stats = Stats(stopped=carry.stopped)
+    budget = Budget.from_settings(settings, spent_usd=carry.spent_usd, spent_tokens=carry.spent_tokens)
+    async with LLMClient(settings, cache=cache, stats=stats, budget=budget) as client:
+        intents = await _drain(jobs[0], lambda j: intent_llm(client, j), settings.concurrency, tick)
+        rationales = await _drain(jobs[1], lambda j: rationale_llm(client, j), settings.concurrency, tick)
+    return intents, rationales, stats, budget
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` that also works when the caller already runs an event loop (e.g. inside a flow)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="extract-loop")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def run_backend(
+    settings: ExtractSettings,
+    lake: str | Path,
+    carry: Carry,
+    intents: list[IntentJob],
+    rationales: list[RationaleJob],
+    label: str,
+) -> tuple[list[Outcome[Intent]], list[Outcome[RationaleAnswer]], Stats, Carry]:
+    with _progress(settings) as bar:
+        task = bar.add_task(label, total=len(intents) + len(rationales))
+
+        def tick() -> None:
+            bar.advance(task)
+
+        if settings.backend == "heuristic":
+            stats = Stats()
+            out_i = [_tick(intent_heuristic(j, stats), tick) for j in intents]
+            out_r = [
+                _tick(rationale_heuristic(j, stats, settings.rationale_max_words), tick) for j in rationales
+            ]
+            return out_i, out_r, stats, carry
+        cache = ResponseCache.in_lake(lake) if settings.cache else None
+        out_i, out_r, stats, budget = run_sync(
+            _run_openai(settings, cache, carry, (intents, rationales), tick)
+        )
+        return out_i, out_r, stats, Carry(budget.spent_usd, budget.spent_tokens, stats.stopped)
+
+
+def _tick(value: T, tick: Callable[[], None]) -> T:
+    tick()
+    return value
+
+
+# --- output frames -----------------------------------------------------------------------------
+
+
+def _provenance(o: Outcome) -> dict[str, Any]:
+    p = o.provenance
+    return {
+        "backend": p.backend,
+        "model": p.model,
+        "prompt_version": p.prompt_version,
+        "prompt_hash": p.prompt_hash,
+        "request_key": p.request_key,
+        "tokens_in": p.tokens_in,
+        "tokens_out": p.tokens_out,
+        "attempts": p.attempts,
+        "cached": p.cached,
+        "violations": o.rejected_codes(),
+    }
+
+
+def intents_frame(jobs: list[IntentJob], outcomes: list[Outcome[Intent]]) -> pl.DataFrame:
+    rows = [
+        {
+            "trajectory_id": j.trajectory_id,
+            "mode": j.mode,
+            "user_id": j.user_id,
+            "session_ids": list(j.session_ids),
+            "split": "train",
+            "anchors": [a.model_dump() for a in o.value.anchors],
+            "intent_text": o.value.render(),
+            "leakage_verdict": "clean",  # only checked answers are kept; earlier rejects in violations
+            "bucket": j.bucket,
+            **_provenance(o),
+        }
+        for j, o in zip(jobs, outcomes, strict=True)
+        if o.status == "ok" and o.value is not None
+    ]
+    return _frame(rows, INTENTS)
+
+
+def rationales_frame(jobs: list[RationaleJob], outcomes: list[Outcome[RationaleAnswer]]) -> pl.DataFrame:
+    rows = [
+        {
+            "record_id": j.record_id,
+            "session_id": j.session_id,
+            "user_id": j.user_id,
+            "step": j.step,
+            "action": j.action,
+            "rationale": o.value.rationale,
+            "split": j.split,
+            "checks_passed": list(CHECKS),
+            "bucket": j.bucket,
+            **_provenance(o),
+        }
+        for j, o in zip(jobs, outcomes, strict=True)
+        if o.status == "ok" and o.value is not None
+    ]
+    return _frame(rows, RATIONALES)
+
+
+def _frame(rows: list[dict[str, Any]], schema: Any) -> pl.DataFrame:
+    """Rows as a frame of ``schema``; columns the rows do not mention are null."""
+    empty = pl.from_arrow(schema.empty_table())
+    if not rows:
+        return empty
+    known = {name: dtype for name, dtype in empty.schema.items() if name in rows[0]}
+    frame = pl.DataFrame(rows, schema=known)
+    return frame.with_columns(
+        pl.lit(None, dtype=dtype).alias(name) for name, dtype in empty.schema.items() if name not in known
+    ).select(empty.columns)
+
+
+def quarantine_frame(
+    bucket: int, kind: str, keys: list[str], outcomes: list[Outcome], id_name: str
+) -> pl.DataFrame:
+    rows = [
+        {
+            "table": kind,
+            "source_file": f"records/bucket={bucket}",
+            "source_row": None,
+            "reason": o.reason,
+            "detail": o.detail(),
+            "payload": json.dumps({id_name: key, "last_answer": o.last_text}, ensure_ascii=False),
+            "kept": False,
+        }
+        for key, o in zip(keys, outcomes, strict=True)
+        if o.status == "quarantined"
+    ]
+    return _frame(rows, QUARANTINE).drop("stage")
+
+
+def fill_records(records: pl.DataFrame, intents: pl.DataFrame, rationales: pl.DataFrame) -> pl.DataFrame:
+    """``rationale``, the gold ``response`` and (train rows) ``intent`` from this run's accepted outputs."""
+    frame = records.drop("rationale", "intent").join(
+        rationales.select("record_id", "rationale"), on="record_id", how="left", maintain_order="left"
+    )
+    frame = frame.join(
+        intents.select("mode", "trajectory_id", pl.col("intent_text").alias("intent")),
+        on=["mode", "trajectory_id"],
+        how="left",
+        maintain_order="left",
+    )
+    response = [
+        gold_response(r or "", a)
+        for r, a in zip(frame["rationale"].to_list(), frame["action_json"].to_list(), strict=True)
+    ]
+    frame = frame.with_columns(
+        pl.Series("response", response, dtype=pl.String),
+        pl.when(pl.col("split") == "train").then(pl.col("intent")).alias("intent"),
+    )
+    text_bytes = (
+        pl.col("prompt").str.len_bytes()
+        + pl.col("response").str.len_bytes()
+        + pl.col("system").str.len_bytes()
+    )
+    return frame.with_columns(((text_bytes + 2) // 3).cast(pl.Int32).alias("token_estimate")).select(
+        RECORDS.names
+    )
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _write_parquet(frame: pl.DataFrame, schema: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    pq.write_table(conform(frame, schema), tmp, compression="zstd", compression_level=3)
+    os.replace(tmp, path)
+
+
+def write_records_partition(lake: str | Path, bucket: int, frame: pl.DataFrame) -> Path:
+    """Atomically replace ``records/bucket=K`` (readers see the old partition or the new one)."""
+    staged = Path(lake) / ".staging" / f"records-{bucket}-{uuid.uuid4().hex[:8]}"
+    target = table_dir(lake, "records") / f"bucket={bucket}"
+    try:
+        _write_parquet(frame, RECORDS, staged / "part-0.parquet")
+        swap_into_place(staged, target)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return target
+
+
+def part_path(lake: str | Path, bucket: int, name: str) -> Path:
+    return Path(lake) / PARTS / f"bucket={bucket}" / f"{name}.parquet"
+
+
+# --- one bucket, and the whole run ---------------------------------------------------------------
+
+
+def _counts(outcomes: list[Outcome]) -> dict[str, int]:
+    c = Counter(o.status for o in outcomes)
+    return {"jobs": len(outcomes), "ok": c["ok"], "quarantined": c["quarantined"], "pending": c["pending"]}
+
+
+def extract_bucket(
+    lake: str | Path, bucket: int, settings: ExtractSettings, carry: Carry | None = None
+) -> BucketReport:
+    """Extract one bucket and write its outputs; see the module docstring."""
+    records, timelines = load_bucket(lake, bucket)
+    i_jobs, r_jobs = intent_jobs(records, timelines), rationale_jobs(records, timelines)
+    label = f"extract bucket {bucket} ({settings.backend})"
+    i_out, r_out, stats, carry = run_backend(settings, lake, carry or Carry(), i_jobs, r_jobs, label)
+    intents, rationales = intents_frame(i_jobs, i_out), rationales_frame(r_jobs, r_out)
+    quarantine = pl.concat(
+        [
+            quarantine_frame(
+                bucket, "intents", [f"{j.mode}:{j.trajectory_id}" for j in i_jobs], i_out, "trajectory"
+            ),
+            quarantine_frame(bucket, "rationales", [j.record_id for j in r_jobs], r_out, "record_id"),
+            missing_steps(records, i_jobs, r_jobs),
+        ],
+        how="diagonal",  # aligned by column name
+    )
+    _write_parquet(intents, INTENTS, part_path(lake, bucket, "intents"))
+    _write_parquet(rationales, RATIONALES, part_path(lake, bucket, "rationales"))
+    _write_parquet(
+        quarantine.with_columns(pl.lit(STAGE).alias("stage")),
+        QUARANTINE,
+        part_path(lake, bucket, "quarantine"),
+    )
+    write_records_partition(lake, bucket, fill_records(records, intents, rationales))
+    counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
+    for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
+        lost = quarantine.filter((pl.col("table") == kind) & (pl.col("reason") == "missing_step")).height
+        counts[kind]["jobs"] += lost
+        counts[kind]["quarantined"] += lost
+    by_reason = Counter(f"{t}:{r}" for t, r in quarantine.select("table", "reason").iter_rows())
+    return BucketReport(bucket, counts, stats.as_dict(), dict(sorted(by_reason.items())), carry)
+
+
+def finalize(
+    lake: str | Path, settings: ExtractSettings, reports: list[BucketReport], started: str
+) -> dict[str, Any]:
+    """Assemble the partial outputs into ``intents``, ``rationales`` and the quarantine; write the summary."""
+    buckets = [r.bucket for r in reports]
+    for name in KINDS:
+        parts = [pl.read_parquet(part_path(lake, b, name)) for b in buckets]
+        schema = INTENTS if name == "intents" else RATIONALES
+        write_table(lake, name, pl.concat(parts) if parts else _frame([], schema), schema=schema)
+    quarantine = [pl.read_parquet(part_path(lake, b, "quarantine")) for b in buckets]
+    write_quarantine(lake, STAGE, pl.concat(quarantine) if quarantine else _frame([], QUARANTINE))
+    summary = summarize(lake, settings, reports, started)
+    record_summary(lake, summary)
+    return summary
+
+
+def summarize(
+    lake: str | Path, settings: ExtractSettings, reports: list[BucketReport], started: str
+) -> dict[str, Any]:
+    counts = {k: dict(sum((Counter(r.counts[k]) for r in reports), Counter())) for k in KINDS}
+    for k in KINDS:  # a Counter sum drops zeros: keep every field
+        counts[k] = {f: counts[k].get(f, 0) for f in ("jobs", "ok", "quarantined", "pending")}
+    return {
+        "stage": STAGE,
+        "lake": str(lake),
+        "backend": settings.backend,
+        "model": settings.model if settings.backend == "openai" else "rules",
+        "started_at": started,
+        "finished_at": datetime.now(UTC).isoformat(),
+        "buckets": [r.bucket for r in reports],
+        "counts": counts,
+        "balanced": all(c["jobs"] == c["ok"] + c["quarantined"] + c["pending"] for c in counts.values()),
+        **merge_stats([r.stats for r in reports]),
+        "quarantine_by_reason": dict(sum((Counter(r.quarantine_by_reason) for r in reports), Counter())),
+        "stopped": next((r.carry.stopped for r in reports if r.carry.stopped), None),
+        "settings": settings.model_dump(mode="json"),
+    }
+
+
+def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for key in (
+        "requests",
+        "cache_hits",
+        "answers",
+        "retries_total",
+        "tokens_in",
+        "tokens_out",
+        "reasks",
+        "format_fallbacks",
+    ):
+        total[key] = sum(p[key] for p in parts)
+    total["cost_usd"] = round(sum(p["cost_usd"] for p in parts), 6)
+    for key in ("retries", "rejects"):
+        total[key] = dict(sorted(sum((Counter(p[key]) for p in parts), Counter()).items()))
+    return total
+
+
+def record_summary(lake: str | Path, summary: dict[str, Any]) -> Path:
+    folder = Path(lake) / RUNS
+    folder.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(summary, indent=2, sort_keys=True)
+    stamped = folder / f"{summary['finished_at'].replace(':', '-')}.json"
+    stamped.write_text(text)
+    (folder / "latest.json").write_text(text)
+    return stamped
+
+
+def extract_lake(lake: str | Path, settings: ExtractSettings) -> dict[str, Any]:
+    """The whole stage without Prefect (the flow runs the same steps as tasks)."""
+    started = datetime.now(UTC).isoformat()
+    reports: list[BucketReport] = []
+    carry = Carry()
+    for bucket in record_buckets(lake):
+        reports.append(extract_bucket(lake, bucket, settings, carry))
+        carry = reports[-1].carry
+    return finalize(lake, settings, reports, started)

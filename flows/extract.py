@@ -1,0 +1,163 @@
+"""The extract flow: records -> intents + rationales (+ records filled), one task per user bucket.
+
+Buckets run one after another on purpose: each bucket's requests are already
+concurrent, and the budget and a stop (budget spent, endpoint refusing the
+key) carry from one bucket to the next.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from rich.console import Console
+from rich.table import Table
+
+from extractors.config import ExtractSettings
+from extractors.pipeline import BucketReport, Carry, extract_bucket, finalize, record_buckets
+from flows.validate import gate_task
+
+
+@task(name="list-record-buckets", cache_policy=NO_CACHE)
+def list_buckets(lake: str) -> list[int]:
+    buckets = record_buckets(lake)
+    if not buckets:
+        raise FileNotFoundError(f"no records under {lake}: run the records stage first")
+    return buckets
+
+
+@task(name="extract-bucket", cache_policy=NO_CACHE)
+def extract_partition(
+    lake: str, bucket: int, settings: ExtractSettings, carry: dict[str, Any]
+) -> dict[str, Any]:
+    report = extract_bucket(lake, bucket, settings, Carry(**carry))
+    get_run_logger().info("bucket %d: %s", bucket, report.counts)
+    return report.to_json()
+
+
+@task(name="assemble-extract-outputs", cache_policy=NO_CACHE)
+def assemble(
+    lake: str, settings: ExtractSettings, reports: list[dict[str, Any]], started: str
+) -> dict[str, Any]:
+    summary = finalize(lake, settings, [BucketReport.from_json(r) for r in reports], started)
+    create_markdown_artifact(
+        key="extract-summary", markdown=summary_markdown(summary), description=f"extract of {lake}"
+    )
+    return summary
+
+
+@flow(name="extract")
+def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str, Any]:
+    """Intents (train trajectories) and rationales (every recorded action) into the lake."""
+    settings = settings or ExtractSettings()
+    started = datetime.now(UTC).isoformat()
+    reports: list[dict[str, Any]] = []
+    carry: dict[str, Any] = {}
+    for bucket in list_buckets(lake):
+        reports.append(extract_partition(lake, bucket, settings, carry))
+        carry = reports[-1]["carry"]
+    summary = assemble(lake, settings, reports, started)
+    summary["validation"] = gate_task(lake, ["intents", "rationales", "records"], stage="extract")["run_id"]
+    return summary
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    kinds = "\n".join(
+        f"| {k} | {c['jobs']} | {c['ok']} | {c['quarantined']} | {c['pending']} |"
+        for k, c in summary["counts"].items()
+    )
+    rejects = "\n".join(f"| {code} | {n} |" for code, n in summary["rejects"].items()) or "| – | 0 |"
+    held = "\n".join(f"| {r} | {n} |" for r, n in summary["quarantine_by_reason"].items()) or "| – | 0 |"
+    retries = ", ".join(f"{k} {n}" for k, n in summary["retries"].items()) or "none"
+    stopped = f", stopped: {summary['stopped']}" if summary["stopped"] else ""
+    return (
+        f"# Extract of `{summary['lake']}`\n\n"
+        f"backend `{summary['backend']}`, model `{summary['model']}`{stopped}\n\n"
+        "| output | jobs | ok | quarantined | pending |\n|---|---|---|---|---|\n"
+        f"{kinds}\n\n"
+        f"requests {summary['requests']}, cache hits {summary['cache_hits']}, retries {retries}, "
+        f"re-asks {summary['reasks']}, tokens {summary['tokens_in']} in / {summary['tokens_out']} out, "
+        f"cost ${summary['cost_usd']:.4f}\n\n| answers rejected for | answers |\n|---|---|\n{rejects}\n\n"
+        f"| quarantined (output:reason) | jobs |\n|---|---|\n{held}\n"
+    )
+
+
+# --- the CLI command (registered by flows/cli.py) -------------------------------------------------
+
+
+def load_settings(config: Path | None, **overrides: object) -> ExtractSettings:
+    """Settings from TOML ``[extract]`` (if given), then ``TRAJFORGE_EXTRACT_*`` env, then CLI flags."""
+    values = tomllib.loads(config.read_text()).get("extract", {}) if config else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ExtractSettings(**values)
+
+
+def extract_command(
+    lake: Annotated[
+        str, typer.Option("--lake", help="lake folder with records, steps and items")
+    ] = "sample/lake",
+    backend: Annotated[
+        str, typer.Option("--backend", help="heuristic (offline rules) | openai")
+    ] = "heuristic",
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="TOML file with [extract] settings", exists=True, dir_okay=False),
+    ] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model name the endpoint serves")] = None,
+    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="env var holding the key")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1)] = None,
+    budget_usd: Annotated[
+        float | None, typer.Option("--budget-usd", help="stop cleanly at this spend")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
+    request_timeout: Annotated[float | None, typer.Option("--timeout", help="per-request seconds")] = None,
+) -> dict[str, Any]:
+    """Extract intents and rationales and fill the gold responses in ``records``."""
+    settings = load_settings(
+        config,
+        backend=backend,
+        base_url=base_url,
+        model=model,
+        api_key_env=api_key_env,
+        concurrency=concurrency,
+        budget_usd=budget_usd,
+        max_tokens=max_tokens,
+        request_timeout_s=request_timeout,
+    )
+    started = time.perf_counter()
+    summary = extract_flow(str(Path(lake).resolve()), settings=settings)
+    print_summary(Console(), summary, time.perf_counter() - started)
+    return summary
+
+
+def print_summary(console: Console, summary: dict[str, Any], wall: float) -> None:
+    table = Table(
+        title=f"extract ({summary['backend']}, {summary['model']}): jobs = ok + quarantined + pending"
+    )
+    for column in ("output", "jobs", "ok", "quarantined", "pending"):
+        table.add_column(column, justify="left" if column == "output" else "right")
+    for name, c in summary["counts"].items():
+        table.add_row(name, *(f"{c[k]:,}" for k in ("jobs", "ok", "quarantined", "pending")))
+    console.print(table)
+    kinds = f" {summary['retries']}" if summary["retries"] else ""
+    console.print(
+        f"requests {summary['requests']:,}, cache hits {summary['cache_hits']:,}, "
+        f"retries {summary['retries_total']:,}{kinds}, "
+        f"re-asks {summary['reasks']:,}, "
+        f"tokens {summary['tokens_in']:,} in / {summary['tokens_out']:,} out, cost ${summary['cost_usd']:.4f}"
+    )
+    if summary["rejects"]:
+        console.print(f"rejected answers by code: {summary['rejects']}")
+    if summary["quarantine_by_reason"]:
+        console.print(f"quarantined: {summary['quarantine_by_reason']}")
+    if summary["stopped"]:
+        console.print(f"[yellow]stopped sending requests: {summary['stopped']} (re-run to resume)[/yellow]")
+    console.print(f"extract finished in {wall:.1f}s; lake: {summary['lake']}")

@@ -1,0 +1,53 @@
+"""The extract flow under Prefect: offline default, the openai backend through the CLI command."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import polars as pl
+import typer
+from typer.testing import CliRunner
+
+from extractors.config import ExtractSettings
+from extractors.fakeserver import FakeOpenAIServer, status
+from flows.extract import extract_command, extract_flow
+from tests.extractors.tinylake import write_tiny_lake
+from transforms.lake import read_table
+
+
+def test_flow_offline_default(prefect_harness, tmp_path):
+    lake = write_tiny_lake(tmp_path / "lake")
+    summary = extract_flow(str(lake.path), settings=ExtractSettings(progress=False))
+    # 4 train trajectories and 19 actions, all extracted by the rules, nothing sent anywhere
+    assert summary["counts"]["intents"]["ok"] == 4 and summary["counts"]["rationales"]["ok"] == 19
+    assert summary["backend"] == "heuristic" and summary["requests"] == 0 and summary["balanced"]
+    manifest = json.loads((lake.path / "_runs" / "extract" / "latest.json").read_text())
+    assert manifest["counts"] == summary["counts"]
+    assert read_table(lake.path, "records")["rationale"].is_not_null().all()
+
+
+def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypatch):
+    lake = write_tiny_lake(tmp_path / "lake")
+    secret = "sk-flow-" + os.urandom(8).hex()
+    monkeypatch.setenv("FLOW_TEST_KEY", secret)
+    for name, value in {"REQUEST_TIMEOUT_S": "0.3", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
+        monkeypatch.setenv(f"TRAJFORGE_EXTRACT_{name}", value)
+    # how the lead registers it in flows/cli.py
+    app = typer.Typer()
+    app.command(name="extract")(extract_command)
+    app.callback()(lambda: None)
+    with FakeOpenAIServer() as server:
+        server.enqueue(status(500))  # one transient failure, retried
+        args = ["extract", "--lake", str(lake.path), "--backend", "openai", "--base-url", server.base_url]
+        result = CliRunner().invoke(app, [*args, "--model", "served-model", "--api-key-env", "FLOW_TEST_KEY"])
+        sent = server.chat_requests()
+    assert result.exit_code == 0, result.output
+    # 23 jobs -> 23 answers; the 500 costs one extra request
+    assert len(sent) == 24 and {r.body["model"] for r in sent} == {"served-model"}
+    assert "retries 1" in result.output and secret not in result.output
+    assert sent[0].headers["authorization"] == f"Bearer {secret}"
+    rationales = read_table(lake.path, "rationales")
+    assert rationales.height == 19 and set(rationales["backend"]) == {"openai"}
+    assert not [p for p in lake.path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert read_table(lake.path, "intents").filter(pl.col("mode") == "cross").height == 1
