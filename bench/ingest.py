@@ -63,9 +63,11 @@ def run_pandas(raw: Path, out: Path) -> int:
     layouts = {pv: g.sort_values(["y", "x"]) for pv, g in feeds.groupby("page_view_id")}
 
     def align_session(group: pd.DataFrame) -> pd.DataFrame:
+        view = group.name  # pandas >= 3 hands apply the group without its key column
         group = group.sort_values("ts").copy()
+        group["page_view_id"] = view
         group["step"] = range(len(group))
-        layout = layouts[group["page_view_id"].iloc[0]]
+        layout = layouts[view]
         visible, open_items, open_item = [], [], None
         for screen, action, top, item in zip(
             group["screen"], group["action"], group["scroll_top"], group["item_id"], strict=True
@@ -112,11 +114,13 @@ VARIANTS = {"ingest": run_ingest, "pandas": run_pandas, "floor": run_floor}
 
 
 def child(variant: str, raw: Path, out: Path) -> None:
+    load = os.getloadavg()[0]
     started = time.perf_counter()
     rows = VARIANTS[variant](raw, out)
     wall = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"variant": variant, "wall_s": wall, "rows": rows, "peak_rss_mib": peak_kib / 1024}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result = {"variant": variant, "wall_s": wall, "rows": rows, "peak_rss_mib": usage.ru_maxrss / 1024}
+    print(json.dumps(result | {"cpu_s": usage.ru_utime + usage.ru_stime, "load": load}))
 
 
 def measure(variant: str, raw: Path, work: Path) -> dict:
@@ -157,20 +161,24 @@ def ensure_bundle(users: int, seed: int, work: Path) -> tuple[Path, float]:
     return raw, time.perf_counter() - started
 
 
+def _generated(seconds: float) -> str:
+    return "bundle already on disk" if seconds != seconds else f"{seconds:.1f} s"  # NaN: not generated now
+
+
 def report(results: list[dict], users: int, generate_s: float, command: str) -> str:
     by = {r["variant"]: r for r in results}
     lines = [
         f"\n## ingest — {users:,} users ({time.strftime('%Y-%m-%d')})\n",
         f"Command: `{command}`  ",
         f"Machine: {machine()}  ",
-        f"Bundle generation: {generate_s:.1f} s (not included below)\n",
-        "| variant | wall s | events | events/s | peak RSS MiB | output MiB |",
-        "|---|---|---|---|---|---|",
+        f"Bundle generation: {_generated(generate_s)} (not included below)\n",
+        "| variant | wall s | CPU s | load at start | events | events/s | peak RSS MiB | output MiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['variant']} | {r['wall_s']:.2f} | {r['rows']:,} | {r['rows'] / r['wall_s']:,.0f} | "
-            f"{r['peak_rss_mib']:.0f} | {r['output_mib']:.1f} |"
+            f"| {r['variant']} | {r['wall_s']:.2f} | {r['cpu_s']:.1f} | {r['load']:.1f} | {r['rows']:,} | "
+            f"{r['rows'] / r['wall_s']:,.0f} | {r['peak_rss_mib']:.0f} | {r['output_mib']:.1f} |"
         )
     if "ingest" in by and "floor" in by:
         lines.append(

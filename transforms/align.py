@@ -45,11 +45,12 @@ def split_by_reason(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Rows where ``reason`` is null go on; the others become quarantine rows."""
     detail = detail if detail is not None else pl.lit(None, dtype=pl.String)
-    tagged = frame.with_columns(reason.alias("_reason"), detail.alias("_detail"))
+    reasons = frame.select(reason.alias("_reason")).to_series()
+    if reasons.null_count() == frame.height:
+        return frame, empty_rejects()  # the common case: every row goes on, nothing to copy
+    tagged = frame.with_columns(reasons, detail.alias("_detail"))
     bad = tagged.filter(pl.col("_reason").is_not_null())
     good = tagged.filter(pl.col("_reason").is_null()).drop("_reason", "_detail")
-    if bad.height == 0:
-        return good, empty_rejects()
     data = bad.drop([c for c in bad.columns if c.startswith("_") and c not in ("_file", "_row")])
     return good, reject_rows(table, data, bad["_reason"], bad["_detail"], pseudonymize)
 
@@ -59,7 +60,7 @@ def dedupe(
 ) -> Checked:
     """Merge exact duplicate rows (counted); later rows that reuse a key with other values are rejected."""
     # hashes first: equal keys hash equal, so no duplicate hash means no duplicate key
-    if not frame.select(pl.struct(keys).hash(seed=0).is_duplicated().any()).item():
+    if frame.select(pl.struct(keys).hash(seed=0).n_unique()).item() == frame.height:
         return Checked(frame)  # the common case: every key once, nothing to merge or reject
     data = [c for c in frame.columns if not c.startswith("_")]
     ordered = frame.sort("_file", "_row")
@@ -78,28 +79,38 @@ def dedupe(
 # --- catalog, profiles, feeds ------------------------------------------------
 
 
-def check_items(items: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
-    checked = dedupe(items, ["item_id"], "items", "duplicate_item_id", pseudonymize)
+def check_prices(items: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Prices are checked row by row, so items go chunk by chunk once duplicate ids are settled
+    (``dedupe`` on ``item_id`` first: a duplicate's price is never looked at)."""
     price = pl.col("price")
-    rows, bad = split_by_reason(
-        checked.rows,
+    return split_by_reason(
+        items,
         pl.when(price.is_nan() | price.is_infinite() | (price <= 0)).then(pl.lit("invalid_price")),
         "items",
         pl.lit("price must be a finite number > 0"),
         pseudonymize,
     )
-    checked.rows, checked.rejects = rows, [*checked.rejects, bad]
-    return checked
+
+
+def item_context(items: pl.DataFrame) -> pl.DataFrame:
+    """What the event checks and outputs need of an item: title, top category, review count."""
+    return items.select(
+        "item_id",
+        "title",
+        pl.col("category").str.split("-").list.first().alias("top_category"),
+        pl.col("reviews").list.len().alias("review_count"),
+    )
 
 
 def check_profiles(profiles: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
     return dedupe(profiles, ["user_id"], "profiles", "duplicate_profile", pseudonymize)
 
 
-def check_feeds(feeds: pl.DataFrame, item_ids: pl.Series, pseudonymize: Pseudonymize) -> Checked:
+def check_feeds(feeds: pl.DataFrame, in_catalog: pl.Expr, pseudonymize: Pseudonymize) -> Checked:
+    """``in_catalog``: true where the card's item passed the catalog checks."""
     checked = dedupe(feeds, ["page_view_id", "item_id"], "feeds", "duplicate_feed_card", pseudonymize)
     reason = (
-        pl.when(~pl.col("item_id").is_in(item_ids.implode()))
+        pl.when(~in_catalog)
         .then(pl.lit("item_not_in_catalog"))
         .when(
             (pl.col("width") <= 0)
@@ -116,28 +127,59 @@ def check_feeds(feeds: pl.DataFrame, item_ids: pl.Series, pseudonymize: Pseudony
 
 
 def layouts(feeds: pl.DataFrame) -> pl.DataFrame:
-    """Card geometry per page view; rank is reading order (top to bottom, left to right)."""
-    return feeds.sort("page_view_id", "y", "x").with_columns(
-        pl.int_range(pl.len(), dtype=pl.Int32).over("page_view_id").alias("rank"),
-        pl.col("feed_height").max().over("page_view_id").alias("feed_height"),
+    """Card geometry per page view; rank is reading order (top to bottom, left to right).
+
+    Rows come grouped by page view, with ``_pv`` a dense page-view number (integer keys for the
+    per-view windows and joins that follow). Feeds logged grouped by view in reading order (the
+    usual case) are taken as they come instead of being sorted.
+    """
+    if not _in_reading_order(feeds):
+        feeds = feeds.sort("page_view_id", "y", "x")
+    return feeds.with_columns(pl.col("page_view_id").rle_id().alias("_pv")).with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int32).over("_pv").alias("rank"),
+        pl.col("feed_height").max().over("_pv").alias("feed_height"),
     )
+
+
+def _in_reading_order(feeds: pl.DataFrame) -> bool:
+    """Each page view's cards contiguous and ordered by (y, x)."""
+    y, x, view = pl.col("y"), pl.col("x"), pl.col("page_view_id")
+    new_view = view != view.shift(1)
+    ordered = new_view | (y > y.shift(1)) | ((y == y.shift(1)) & (x >= x.shift(1)))
+    runs, views, in_order = feeds.select(
+        new_view.fill_null(True).sum().alias("runs"),
+        view.n_unique().alias("views"),
+        ordered.fill_null(True).all().alias("in_order"),
+    ).row(0)
+    return runs == views and in_order
 
 
 # --- events: row-level checks --------------------------------------------------
 
 
+def map_actions(events: pl.DataFrame, action_map: dict[str, str]) -> pl.DataFrame:
+    """Platform action names -> the 13 actions (before duplicate ids are compared)."""
+    return events.with_columns(pl.col("action").replace(action_map)) if action_map else events
+
+
+def dedupe_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
+    return dedupe(events, ["event_id"], "events", "duplicate_event_id", pseudonymize)
+
+
 def row_checks(
     events: pl.DataFrame,
     *,
-    item_ids: pl.Series,
+    in_catalog: pl.Expr,
     feed_views: pl.Series,
-    action_map: dict[str, str],
     max_ts: pl.Expr,
     pseudonymize: Pseudonymize,
 ) -> Checked:
-    """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership."""
-    events = events.with_columns(pl.col("action").replace(action_map) if action_map else pl.col("action"))
-    checked = dedupe(events, ["event_id"], "events", "duplicate_event_id", pseudonymize)
+    """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership.
+
+    ``events`` have their actions mapped and duplicate ids settled (``map_actions``, ``dedupe_events``);
+    ``in_catalog`` is true where ``item_id`` passed the catalog checks.
+    """
+    checked = Checked(events)
     action, screen = pl.col("action"), pl.col("screen")
     needs_item = action.eq("click") | screen.eq("ipv")
     owner = pl.col("user_id").sort_by("ts", "_file", "_row").first().over("page_view_id")
@@ -157,7 +199,7 @@ def row_checks(
         .then(pl.lit("negative_offset"))
         .when(pl.col("user_id") != owner)
         .then(pl.lit("page_view_user_conflict"))
-        .when(needs_item & pl.col("item_id").is_not_null() & ~pl.col("item_id").is_in(item_ids.implode()))
+        .when(needs_item & pl.col("item_id").is_not_null() & ~in_catalog)
         .then(pl.lit("item_not_in_catalog"))
         .when(action.eq("click") & pl.col("item_id").is_null())
         .then(pl.lit("missing_click_target"))
@@ -179,7 +221,8 @@ def row_checks(
 
 def order_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Sort each page view by (ts, source order); flag ties and out-of-order rows (kept)."""
-    source = events.sort("_file", "_row").with_columns(
+    source = events if _in_source_order(events) else events.sort("_file", "_row")
+    source = source.with_columns(
         (pl.col("ts") < pl.col("ts").cum_max().shift(1).over("page_view_id")).fill_null(False).alias("_late")
     )
     ordered = source.with_columns(pl.int_range(pl.len()).alias("_source_order")).sort(
@@ -213,6 +256,13 @@ def order_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.D
     return ordered.drop("_late", "_tie", "_source_order"), flags
 
 
+def _in_source_order(frame: pl.DataFrame) -> bool:
+    """Rows already in (file, row) order: how a reader hands them over, so no sort is needed."""
+    file, row = pl.col("_file"), pl.col("_row")
+    ascending = (file > file.shift(1)) | ((file == file.shift(1)) & (row > row.shift(1)))
+    return bool(frame.select(ascending.fill_null(True).all()).item())
+
+
 # --- events: sequence checks ---------------------------------------------------
 
 
@@ -231,7 +281,9 @@ def drop_after_end(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl
 
 
 def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry) -> pl.DataFrame:
-    """``visible_items`` (reading order) for feed events, from the layout and ``scroll_top``.
+    """``visible_items`` (reading order) for feed events, from the layout (``layouts``) and ``scroll_top``.
+
+    A card's ``_item`` (its catalog row, where the layout carries one) rides along as ``_visible_item``.
 
     A card is visible when >= ``visible_fraction`` of its height lies in the
     viewport; such a card always has its midpoint in the viewport, so the
@@ -239,14 +291,16 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
     binary search instead of a page-view x card cross join.
     """
     view = geometry.feed_viewport
-    views = cards.select(pl.col("page_view_id").unique().sort()).with_row_index("_pv")
-    cards = (
-        cards.join(views, on="page_view_id")
-        .with_columns(
-            (pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN + 2 * pl.col("y") + pl.col("height")).alias("_key")
-        )
-        .sort("_key")
-    )
+    views = cards.filter(pl.col("rank") == 0).select("page_view_id", "_pv")
+    carried = [c for c in ("_item",) if c in cards.columns]
+    cards = cards.select(
+        (pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN + 2 * pl.col("y") + pl.col("height")).alias("_key"),
+        "y",
+        "height",
+        "rank",
+        "item_id",
+        *carried,
+    ).sort("_key")
     feed = (
         events.filter(pl.col("screen") == "feed")
         .select("_eid", "page_view_id", "scroll_top")
@@ -256,11 +310,10 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
     keys = cards["_key"]
     lo = keys.search_sorted(feed["_base"] + 2 * feed["scroll_top"].cast(pl.Int64), side="left")
     hi = keys.search_sorted(feed["_base"] + 2 * (feed["scroll_top"].cast(pl.Int64) + view), side="right")
-    candidates = (
-        feed.with_columns(pl.int_ranges(lo, hi).alias("_card"))
-        .explode("_card")
-        .drop_nulls("_card")
-        .join(cards.with_row_index("_card").with_columns(pl.col("_card").cast(pl.Int64)), on="_card")
+    candidates = feed.with_columns(pl.int_ranges(lo, hi).alias("_card")).explode("_card").drop_nulls("_card")
+    candidates = pl.concat(  # the candidate cards' rows, by position: no join needed
+        [candidates, cards.drop("_key").gather(candidates["_card"])],
+        how="horizontal",
     )
     top, bottom = pl.col("scroll_top"), pl.col("scroll_top") + view
     shown = pl.min_horizontal(pl.col("y") + pl.col("height"), bottom) - pl.max_horizontal(pl.col("y"), top)
@@ -268,12 +321,13 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
         candidates.filter(shown >= geometry.visible_fraction * pl.col("height"))
         .sort("_eid", "rank")
         .group_by("_eid", maintain_order=True)
-        .agg(pl.col("item_id").alias("_visible"))
+        .agg(pl.col("item_id").alias("_visible"), *[pl.col(c).alias(f"_visible{c}") for c in carried])
     )
+    lists = [c for c in visible.columns if c != "_eid"]
     return (
         feed.select("_eid")
         .join(visible, on="_eid", how="left")
-        .with_columns(pl.col("_visible").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+        .with_columns([pl.col(c).fill_null(pl.lit([], dtype=visible.schema[c])) for c in lists])
     )
 
 
@@ -287,10 +341,13 @@ def screen_checks(
     """What was on screen: visible cards, click targets, scroll legality, open detail page."""
     events = events.with_row_index("_eid")
     visible = visible_cards(events, layout, geometry)
-    heights = layout.group_by("page_view_id").agg(pl.col("feed_height").max().alias("_feed_height"))
+    # layouts() put each view's max feed_height on all its cards: its rank-0 card speaks for it
+    heights = layout.filter(pl.col("rank") == 0).select(
+        "page_view_id", pl.col("feed_height").alias("_feed_height")
+    )
     events = (
-        events.join(visible, on="_eid", how="left")
-        .join(heights, on="page_view_id", how="left")
+        events.join(visible, on="_eid", how="left", maintain_order="left")
+        .join(heights, on="page_view_id", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("visible_items").is_not_null())
             .then(pl.col("visible_items"))
@@ -303,7 +360,6 @@ def screen_checks(
             .otherwise(pl.lit("layout"))
             .alias("visible_source"),
         )
-        .sort("_eid")
     )
     checked = Checked(events)
     for step in (_feed_legality, _detail_page_legality):
@@ -373,20 +429,16 @@ def _detail_page_legality(
         .then(pl.lit(closed))
     )
     open_before = setter.shift(1).forward_fill().over("page_view_id")
-    review_counts = items.select("item_id", pl.col("reviews").list.len().alias("_reviews"))
-    events = (
-        events.with_columns(
-            pl.when(pl.col("screen") == "ipv")
-            .then(pl.when(open_before != closed).then(open_before))
-            .alias("_open"),
-            pl.when(pl.col("screen") == "ipv")
-            .then(pl.col("scroll_top").forward_fill().over("page_view_id"))
-            .otherwise(pl.col("scroll_top"))
-            .alias("scroll_top"),
-        )
-        .join(review_counts.rename({"item_id": "_open"}), on="_open", how="left")
-        .sort("_eid")
-    )
+    review_counts = items.select("item_id", pl.col("review_count").alias("_reviews"))
+    events = events.with_columns(
+        pl.when(pl.col("screen") == "ipv")
+        .then(pl.when(open_before != closed).then(open_before))
+        .alias("_open"),
+        pl.when(pl.col("screen") == "ipv")
+        .then(pl.col("scroll_top").forward_fill().over("page_view_id"))
+        .otherwise(pl.col("scroll_top"))
+        .alias("scroll_top"),
+    ).join(review_counts.rename({"item_id": "_open"}), on="_open", how="left", maintain_order="left")
     ipv = pl.col("screen") == "ipv"
     reason = (
         pl.when(ipv & pl.col("_open").is_null())
@@ -420,10 +472,15 @@ def profile_columns(profiles: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def build_steps(events: pl.DataFrame, items: pl.DataFrame, profiles: pl.DataFrame) -> pl.DataFrame:
-    """One row per accepted event, in session order, with item and profile context."""
+def profile_context(profiles: pl.DataFrame) -> pl.DataFrame:
+    """The profile snapshot joined onto steps (computed once per run)."""
+    return profile_columns(profiles).with_columns(pl.lit(False).alias("profile_missing"))
+
+
+def build_steps(events: pl.DataFrame, items: pl.DataFrame, known: pl.DataFrame) -> pl.DataFrame:
+    """One row per accepted event, in session order, with item (``item_context``) and profile
+    (``profile_context``) context."""
     titles = items.select("item_id", "title")
-    known = profile_columns(profiles).with_columns(pl.lit(False).alias("profile_missing"))
     action = pl.col("action")
     return (
         events.sort("page_view_id", "_eid")
@@ -433,10 +490,15 @@ def build_steps(events: pl.DataFrame, items: pl.DataFrame, profiles: pl.DataFram
             left_on="item_id",
             right_on="_target",
             how="left",
+            maintain_order="left",
         )
-        .join(titles.rename({"item_id": "_open", "title": "ipv_item_title"}), on="_open", how="left")
-        .join(known, on="user_id", how="left")
-        .sort("page_view_id", "step")
+        .join(
+            titles.rename({"item_id": "_open", "title": "ipv_item_title"}),
+            on="_open",
+            how="left",
+            maintain_order="left",
+        )
+        .join(known, on="user_id", how="left", maintain_order="left")
         .with_columns(
             pl.col("page_view_id").alias("session_id"),
             action.replace_strict(ACTION_GROUPS, return_dtype=pl.String).alias("action_group"),
@@ -455,8 +517,12 @@ def build_steps(events: pl.DataFrame, items: pl.DataFrame, profiles: pl.DataFram
 
 
 def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
-    """One row per page view: counts, terminal state, categories."""
-    top = items.select("item_id", pl.col("category").str.split("-").list.first().alias("_top"))
+    """One row per page view: counts, terminal state, categories.
+
+    ``layout``: ``layouts`` with ``page_view_id`` renamed ``session_id``; ``items``: ``item_context``
+    of the clicked items and the cards of each view's first screen.
+    """
+    top = items.select("item_id", pl.col("top_category").alias("_top"))
     action = pl.col("action")
     sessions = steps.group_by("session_id").agg(
         pl.col("user_id").first(),
@@ -489,13 +555,15 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         .group_by("session_id", maintain_order=True)
         .agg(pl.col("_top").first().alias("_shown_top"))
     )
-    geometry = layout.group_by("session_id").agg(
-        pl.len().cast(pl.Int32).alias("feed_items"), pl.col("feed_height").max().alias("feed_height")
+    geometry = layout.group_by("_pv").agg(  # _pv: the integer view number of layouts()
+        pl.col("session_id").first(),
+        pl.len().cast(pl.Int32).alias("feed_items"),
+        pl.col("feed_height").max().alias("feed_height"),
     )
     return (
         sessions.join(clicked, on="session_id", how="left")
         .join(shown, on="session_id", how="left")
-        .join(geometry, on="session_id", how="left")
+        .join(geometry.drop("_pv"), on="session_id", how="left")
         .with_columns(
             pl.col("categories").fill_null(pl.lit([], dtype=pl.List(pl.String))),
             pl.coalesce("_clicked_top", "_shown_top").alias("top_category"),
@@ -513,8 +581,10 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
 
 
 def build_items(items: pl.DataFrame) -> pl.DataFrame:
+    """The catalog with its category levels, rows in input order (ids are keyed afterwards, so an
+    order by raw id would mean nothing downstream)."""
     levels = pl.col("category").str.split("-")
-    return items.sort("item_id").with_columns(
+    return items.with_columns(
         levels.list.get(0, null_on_oob=True).alias("category_l1"),
         levels.list.get(1, null_on_oob=True).alias("category_l2"),
         levels.list.get(2, null_on_oob=True).alias("category_l3"),

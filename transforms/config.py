@@ -41,6 +41,11 @@ class IngestSettings(BaseSettings):
     keep_image_refs: bool = Field(
         False, description="keep raw image refs; by default they are keyed like ids (they often embed ids)"
     )
+    spill_part_rows: int = Field(
+        2_000_000,
+        ge=1,
+        description="feed + event rows per ingest part (bounds memory; 1 part for small bundles)",
+    )
     split_seed: int = 42
     split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
     zstd_level: int = 1  # zstd's fast end: ingest is write-heavy, the lake is read-many

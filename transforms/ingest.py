@@ -1,26 +1,60 @@
 """Ingest: a raw log bundle becomes the lake tables steps, sessions, feed_layouts,
 items, profiles, history and the ingest part of quarantine.
 
-``align_bundle`` is pure (frames in, frames out); ``ingest_bundle`` reads the
-bundle, aligns it and writes the lake atomically, table by table.
+Two passes, so memory is bounded by a part, not by the bundle:
+
+1. *read*: every raw part file (a big Parquet file: about a row group at a time) is read
+   and typed, rejects collected. ``events`` and ``feeds`` rows are spilled by a hash of
+   ``page_view_id`` into parts under ``LAKE/.staging/spill-<token>/<table>/part=<p>/``
+   (kept in memory when the bundle makes one part); ``items`` by chunk (on disk only when
+   there are several); profiles and history stay in memory.
+2. *align*: items are checked, keyed and written chunk by chunk, leaving a compact catalog
+   (ids sorted by hash, pseudonyms, what the checks need); then, part by part, the checks
+   and the step alignment of ``transforms.align`` run on the part's page views, and its
+   rows are pseudonymized and added to the staged tables as ``part-<p>.parquet`` files.
+
+Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (2,000,000: three
+parts at UserArena scale, one for small bundles, which then run wholly in memory).
+
+Whatever a check compares lies within one page view, hence within one part, except ids:
+duplicate event and item ids are found from a hash of the id kept for every row, and the
+few rows involved are settled together; missing-profile flags are kept once per user.
+Pseudonyms and Parquet writes run in one writer thread, overlapping the next part's
+alignment. Tables are swapped into place at the end, one atomic rename each; a failure
+leaves the previous lake and no staging or spill behind.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from transforms import align
 from transforms.config import IngestSettings
-from transforms.lake import write_quarantine, write_table
-from transforms.readers import TableRead, empty_rejects, read_bundle, reject_rows
-from transforms.rekey import Pseudonymizer, bucket_of, split_of
+from transforms.lake import STAGING, StagedTable, write_quarantine
+from transforms.readers import (
+    TableRead,
+    check_bundle,
+    empty_rejects,
+    empty_typed,
+    estimated_rows,
+    read_chunks,
+    reject_rows,
+)
+from transforms.rekey import ID_COLUMNS, PREFIXES, Pseudonymizer, bucket_of, keyed_hex, split_of
+from transforms.schemas import LAKE_TABLES, RAW_TABLES
 from transforms.userarena import read_userarena
 
 #: raw input table -> the lake table its accepted rows land in
@@ -32,6 +66,12 @@ OUTPUT_OF: dict[str, str] = {
     "history": "history",
 }
 HISTORY_KINDS = ("click", "buy")
+READ_CHUNK_ROWS = 1 << 20  # rows read at a time from a big Parquet file: one default row group
+SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big files
+WRITER_QUEUE = 2  # jobs in flight in the writer thread (each holds about a part's frames)
+PART_SEED = 7  # hash seeds: any constants, the hashes never leave the run
+ID_SEED = 11
+WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
 
 
 @dataclass
@@ -47,13 +87,6 @@ class TableCount:
     @property
     def balanced(self) -> bool:
         return self.rows_in == self.rows_out + self.quarantined + self.duplicates
-
-
-@dataclass
-class Aligned:
-    tables: dict[str, pl.DataFrame]
-    quarantine: pl.DataFrame
-    counts: dict[str, TableCount]
 
 
 @dataclass
@@ -83,15 +116,344 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(frames, how="vertical_relaxed") if frames else empty_rejects()
 
 
-def _checked_history(history: pl.DataFrame, pseudonymize: Pseudonymizer) -> align.Checked:
-    rows, bad = align.split_by_reason(
-        history,
-        pl.when(~pl.col("kind").is_in(HISTORY_KINDS)).then(pl.lit("unknown_history_kind")),
-        "history",
-        pl.lit("history kind must be click or buy"),
-        pseudonymize,
+def read_chunk_rows(settings: IngestSettings) -> int:
+    """Rows read at a time from a big Parquet file: about one default row group, at most a part."""
+    return min(spill_part_rows(settings), READ_CHUNK_ROWS)
+
+
+def spill_part_rows(settings: IngestSettings) -> int:
+    """Feed + event rows per part."""
+    return settings.spill_part_rows
+
+
+def _part_of(parts: int) -> pl.Expr:
+    """The part of a row: all rows of one page view land in the same part."""
+    return (pl.col("page_view_id").hash(PART_SEED) % parts).cast(pl.Int32)
+
+
+def _id_hash(column: str) -> pl.Expr:
+    return pl.col(column).hash(ID_SEED)
+
+
+# --- pass 1: read, type, spill ---------------------------------------------------
+
+
+class Writer:
+    """One worker thread for pseudonyms and file writes, so they overlap the next computation
+    (Polars, Parquet and DuckDB release the GIL). Jobs run in submission order; at most
+    ``WRITER_QUEUE`` are in flight, so memory stays bounded."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
+        self.pending: deque[Future] = deque()
+
+    def submit(self, job: Callable[..., object], *args: object) -> None:
+        while len(self.pending) >= WRITER_QUEUE:
+            self.pending.popleft().result()  # a failed job fails the run here
+        self.pending.append(self.pool.submit(job, *args))
+
+    def wait(self) -> None:
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        """Let the queued jobs end (they must not write into staging that is being removed)."""
+        self.pool.shutdown(wait=True)
+
+
+@dataclass
+class Spill:
+    """Typed raw rows between the passes, by (table, part). Tables in ``on_disk`` are buffered up to
+    ``SPILL_BUFFER_BYTES`` and written as few, big files under ``folder`` (by ``writer``); the others
+    stay in memory."""
+
+    folder: Path
+    on_disk: set[str]
+    writer: Writer
+    frames: dict[tuple[str, int], list[pl.DataFrame]] = field(default_factory=dict)
+    buffered: int = 0
+    files: int = 0
+
+    def add(self, table: str, part: int, frame: pl.DataFrame) -> None:
+        self.frames.setdefault((table, part), []).append(frame)
+        if table in self.on_disk:
+            self.buffered += frame.estimated_size()
+            if self.buffered > SPILL_BUFFER_BYTES:
+                self.flush()
+
+    def flush(self) -> None:
+        batch = []
+        for (table, part), frames in list(self.frames.items()):
+            if table in self.on_disk:
+                path = self.folder / table / f"part={part}" / f"{self.files:06d}.parquet"
+                batch.append((_stack(frames, table), path))
+                self.files += 1
+                del self.frames[(table, part)]
+        self.buffered = 0
+        if batch:
+            self.writer.submit(_write_spill, batch)
+
+    def finish(self) -> None:
+        """Write what is still buffered: pass 1 is over."""
+        self.flush()
+        self.writer.wait()
+
+    def read(self, table: str, part: int, *, release: bool = True) -> pl.DataFrame:
+        """Rows of (table, part) in the order they came (after ``finish``); ``release`` drops the
+        in-memory copy."""
+        if table not in self.on_disk:
+            frames = self.frames.pop((table, part), []) if release else self.frames.get((table, part), [])
+            return _stack(frames, table).rechunk()
+        files = sorted((self.folder / table / f"part={part}").glob("*.parquet"))
+        return pl.read_parquet(files).rechunk() if files else empty_typed(table)
+
+
+def _write_spill(batch: list[tuple[pl.DataFrame, Path]]) -> None:
+    for frame, path in batch:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.write_parquet(path, compression="zstd", compression_level=1, statistics=False)
+
+
+def _stack(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:
+    return pl.concat(frames, how="diagonal_relaxed") if frames else empty_typed(table)
+
+
+@dataclass
+class Raw:
+    """What pass 1 keeps: per raw table the counts and rejects, the small tables, the spill,
+    and the id hashes of every row that the cross-part duplicate checks need."""
+
+    spill: Spill
+    parts: int
+    reads: dict[str, TableRead] = field(default_factory=dict)
+    small: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
+    rejects: list[pl.DataFrame] = field(default_factory=list)
+    item_chunks: int = 0
+    id_hashes: dict[str, list[pl.Series]] = field(default_factory=lambda: {"events": [], "items": []})
+    users: list[pl.Series] = field(default_factory=list)
+    event_items: list[pl.Series] = field(default_factory=list)  # hashes of the items events name
+
+    def add(self, chunk: TableRead) -> None:
+        read = self.reads.setdefault(chunk.name, TableRead(chunk.name, pl.DataFrame(), empty_rejects(), 0))
+        read.rows_in += chunk.rows_in
+        read.naive_timestamps += chunk.naive_timestamps
+        read.merged += chunk.merged
+        self.rejects.append(chunk.rejects)
+        frame = chunk.frame
+        if frame.width == 0 or frame.height == 0:
+            return
+        if chunk.name == "items":
+            self.id_hashes["items"].append(frame.select(_id_hash("item_id")).to_series())
+            self.spill.add("items", self.item_chunks, frame)
+            self.item_chunks += 1
+        elif chunk.name in ("events", "feeds"):
+            if chunk.name == "events":
+                self.id_hashes["events"].append(frame.select(_id_hash("event_id")).to_series())
+                self.users.append(frame["user_id"].unique())
+                self.event_items.append(frame.select(_id_hash("item_id").unique()).to_series())
+            self._spill_parts(chunk.name, frame)
+        else:
+            self.small.setdefault(chunk.name, []).append(frame)
+
+    def _spill_parts(self, table: str, frame: pl.DataFrame) -> None:
+        if self.parts == 1:
+            self.spill.add(table, 0, frame)
+            return
+        split = frame.with_columns(_part_of(self.parts).alias("_part"))
+        for (part,), rows in split.partition_by("_part", as_dict=True, maintain_order=True).items():
+            self.spill.add(table, int(part), rows.drop("_part"))
+
+    def table(self, name: str) -> pl.DataFrame:
+        """A small table, whole."""
+        return _stack(self.small.get(name, []), name)
+
+
+def _plan(root: Path, settings: IngestSettings, run: Run) -> Raw:
+    """Parts from the bundle's size: 1 for small bundles (all in memory), more for big ones."""
+    per_part = spill_part_rows(settings)
+    rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
+    parts = max(1, -(-rows // per_part))
+    on_disk = {"events", "feeds"} if parts > 1 else set()
+    if estimated_rows(root, "items") > read_chunk_rows(settings):  # several chunks: park them on disk
+        on_disk.add("items")
+    return Raw(Spill(run.spill, on_disk, run.writer), parts)
+
+
+def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
+    """Pass 1 over a raw bundle folder: one chunk in memory at a time."""
+    raw = _plan(root, settings, run)
+    for name in RAW_TABLES:
+        raw.reads[name] = TableRead(name, pl.DataFrame(), empty_rejects(), 0)
+        for chunk in read_chunks(
+            root, name, settings.timestamp_unit, pseudonymize, read_chunk_rows(settings)
+        ):
+            raw.add(chunk)
+    raw.spill.finish()
+    return raw
+
+
+def from_tables(tables: dict[str, TableRead], run: Run) -> Raw:
+    """An already-read bundle (the UserArena release) as one in-memory part."""
+    raw = Raw(Spill(run.spill, set(), run.writer), 1)
+    for name in RAW_TABLES:
+        raw.reads[name] = TableRead(name, pl.DataFrame(), empty_rejects(), 0)
+        raw.add(tables[name])
+    return raw
+
+
+# --- ids that cross parts --------------------------------------------------------
+
+
+@dataclass
+class Settled:
+    """Duplicate ids settled over all parts at once: the rows ``align.dedupe`` merged or rejected
+    (by ``_file``, ``_row``), its rejects and its merge count."""
+
+    dropped: pl.DataFrame
+    rejects: list[pl.DataFrame]
+    duplicates: int
+
+    def apply(self, frame: pl.DataFrame) -> pl.DataFrame:
+        if self.dropped.height == 0:
+            return frame
+        return frame.join(self.dropped, on=["_file", "_row"], how="anti", maintain_order="left")
+
+
+def settle(
+    hashes: list[pl.Series],
+    frames: Callable[[], list[pl.DataFrame]],
+    key: str,
+    dedupe: Callable[[pl.DataFrame], align.Checked],
+) -> Settled:
+    """Ids whose hash occurs once are unique (the common case: nothing to read again); the rows
+    of the others are gathered from every part and deduplicated together."""
+    every = pl.concat(hashes) if hashes else pl.Series(dtype=pl.UInt64)
+    if every.n_unique() == every.len():
+        return Settled(pl.DataFrame(schema={"_file": pl.String, "_row": pl.Int64}), [], 0)
+    suspects = every.filter(every.is_duplicated()).unique().implode()
+    rows = pl.concat([f.filter(_id_hash(key).is_in(suspects)) for f in frames()], how="vertical_relaxed")
+    checked = dedupe(rows)
+    dropped = rows.select("_file", "_row").join(
+        checked.rows.select("_file", "_row"), on=["_file", "_row"], how="anti"
     )
-    return align.Checked(rows, [bad])
+    return Settled(dropped, checked.rejects, checked.duplicates)
+
+
+# --- items: checked, written and keyed chunk by chunk ------------------------------
+
+
+@dataclass
+class Catalog:
+    """Accepted items sorted by a hash of ``item_id``: a part finds its items by binary search,
+    never by building a hash table over the whole catalog (which grows with the bundle)."""
+
+    frame: pl.DataFrame  # _h (sorted, unique), item_id, title, top_category, review_count
+    seed: int
+    order: pl.Series  # frame row -> row of the items as they came
+    keys: pl.Series = field(default_factory=lambda: pl.Series(dtype=pl.String))  # pseudonyms, frame order
+
+    @classmethod
+    def build(cls, items: pl.DataFrame, seed: int = ID_SEED) -> Catalog:
+        hashes = items.select(pl.col("item_id").hash(seed)).to_series()
+        if hashes.n_unique() < items.height:  # ids are unique here, so another seed separates them
+            return cls.build(items, seed + 1)
+        order = hashes.arg_sort()
+        # one chunk per column: gathers over many chunks cost a chunk lookup per row
+        return cls(items.with_columns(hashes.alias("_h")).gather(order).rechunk(), seed, order)
+
+    def attach(self, keys: list[pl.Series]) -> None:
+        """The pseudonyms of the items as they came (chunk by chunk), put in ``frame`` order."""
+        self.keys = pl.concat([pl.Series(dtype=pl.String), *keys]).gather(self.order).rechunk()
+
+    def index(self, ids: pl.Series) -> pl.Series:
+        """Row of each id in ``frame``; null where the id is missing or not in the catalog."""
+        present = ids.is_not_null()
+        if self.frame.height == 0 or not present.any():
+            return pl.repeat(None, ids.len(), dtype=pl.get_index_type(), eager=True).alias(ids.name)
+        if not present.all():  # look up the ids only (most target/open item columns are null)
+            found = self.index(ids.filter(present))
+            nulls = pl.repeat(None, ids.len(), dtype=found.dtype, eager=True).alias(ids.name)
+            return nulls.scatter(present.arg_true(), found)
+        hashes = ids.hash(self.seed)
+        order = hashes.arg_sort()  # sorted probes walk the catalog in order: cache-friendly at any size
+        found = self.frame["_h"].search_sorted(hashes.gather(order)).clip(upper_bound=self.frame.height - 1)
+        pos = pl.zeros(ids.len(), dtype=found.dtype, eager=True).scatter(order, found)
+        same = self.frame["item_id"].gather(pos) == ids  # the id itself decides, not its hash
+        return pl.select(pl.when(same).then(pos)).to_series().alias(ids.name)
+
+    def context(self, rows: pl.Series) -> pl.DataFrame:
+        """``align.item_context`` of the catalog rows ``rows``."""
+        return self.frame.drop("_h").gather(rows.drop_nulls().unique().sort())
+
+
+def _outputs(frame: pl.DataFrame, table: str) -> pl.DataFrame:
+    """Only the lake table's columns (ids are keyed after this, so nothing unused gets hashed)."""
+    return frame.select([c for c in LAKE_TABLES[table].names if c in frame.columns])
+
+
+def items_pass(
+    raw: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run
+) -> tuple[Catalog, list[pl.DataFrame], int]:
+    """Settle duplicate item ids, then check, key and write the items chunk by chunk.
+
+    Returns the catalog, the quarantine rows and the merged duplicates."""
+    chunks = range(raw.item_chunks)
+    settled = settle(
+        raw.id_hashes["items"],
+        lambda: [raw.spill.read("items", n, release=False) for n in chunks],
+        "item_id",
+        lambda rows: align.dedupe(rows, ["item_id"], "items", "duplicate_item_id", pseudonymize),
+    )
+    rejects, pieces, keys = list(settled.rejects), [], []
+    named = pl.concat([pl.Series(dtype=pl.UInt64), *raw.event_items]).unique().implode()
+    for n in chunks:
+        chunk_keys = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)  # ids do not recur
+        rows, bad = align.check_prices(settled.apply(raw.spill.read("items", n)), chunk_keys)
+        rejects.append(bad)
+        items = align.build_items(rows)
+        keyed = pseudonyms(_outputs(items, "items"), settings, chunk_keys)
+        run.write("items", keyed, n)
+        pieces.append(_catalog_rows(items, named))
+        keys.append(keyed["item_id"])
+    catalog = Catalog.build(pl.concat([_catalog_rows(empty_typed("items"), named), *pieces]))
+    catalog.attach(keys)
+    return catalog, rejects, settled.duplicates
+
+
+def _catalog_rows(items: pl.DataFrame, named: pl.Series) -> pl.DataFrame:
+    """``align.item_context``, titles only where an event names the item (target and detail-page
+    titles are their only use: most of a big catalog's text stays out of memory)."""
+    return align.item_context(items).with_columns(
+        pl.when(_id_hash("item_id").is_in(named)).then(pl.col("title")).alias("title")
+    )
+
+
+# --- pass 2: per part -------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """Run-wide inputs of every part."""
+
+    settings: IngestSettings
+    catalog: Catalog
+    profiles: pl.DataFrame  # align.profile_context
+    users: pl.DataFrame  # user_id (raw) -> _user (pseudonym), split, bucket
+    max_ts: pl.Expr
+    events: Settled  # duplicate event ids, settled over all parts
+
+
+@dataclass
+class Part:
+    """One part's lake rows (ids still raw), quarantine rows and merged feed duplicates."""
+
+    steps: pl.DataFrame
+    layout: pl.DataFrame
+    sessions: pl.DataFrame
+    rejects: list[pl.DataFrame]
+    flags: list[pl.DataFrame]
+    no_profile: pl.DataFrame  # first step of each user without a profile
+    feed_duplicates: int
 
 
 def _sessionless_feeds(
@@ -107,94 +469,232 @@ def _sessionless_feeds(
     )
 
 
-def _missing_profile_flags(steps: pl.DataFrame, pseudonymize: Pseudonymizer) -> pl.DataFrame:
-    """One kept-and-flagged row per user whose profile is missing."""
-    missing = steps.filter(pl.col("profile_missing")).group_by("user_id").agg(pl.all().first())
-    if missing.height == 0:
-        return empty_rejects()
-    return reject_rows(
-        "events",
-        missing.select("user_id", "page_view_id", "_file", "_row"),
-        "missing_profile",
-        "kept with an empty profile",
-        pseudonymize,
+def _first_step_without_profile(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per user without a profile, the first step in (page view, step) order: the flag's locator."""
+    return (
+        steps.filter(pl.col("profile_missing"))
+        .sort("page_view_id", "step")
+        .group_by("user_id", maintain_order=True)
+        .first()
+        .select("user_id", "page_view_id", "_file", "_row")
     )
 
 
-def _take(bundle: dict[str, TableRead], name: str) -> pl.DataFrame:
-    """Hand a raw frame over to the checks, leaving the counts and rejects behind (frees memory)."""
-    frame = bundle[name].frame
-    bundle[name].frame = frame.clear()
-    return frame
-
-
-def align_bundle(
-    bundle: dict[str, TableRead], settings: IngestSettings, pseudonymize: Pseudonymizer
-) -> Aligned:
-    """Run every check and build the lake frames (ids still raw except in quarantine payloads)."""
-    geometry = settings.geometry
-    items = align.check_items(_take(bundle, "items"), pseudonymize)
-    profiles = align.check_profiles(_take(bundle, "profiles"), pseudonymize)
-    feeds = align.check_feeds(_take(bundle, "feeds"), items.rows["item_id"], pseudonymize)
-    history = _checked_history(_take(bundle, "history"), pseudonymize)
-    max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
-    events = align.row_checks(
-        _take(bundle, "events"),
-        item_ids=items.rows["item_id"],
-        feed_views=feeds.rows["page_view_id"].unique(),
-        action_map=settings.action_map,
-        max_ts=max_ts,
+def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudonymize: Pseudonymizer) -> Part:
+    """Every check and the step alignment of one part's page views; ids stay raw (``key_part``)."""
+    catalog = ctx.catalog
+    known = pl.col("_item").is_not_null()
+    feeds = feeds.with_columns(catalog.index(feeds["item_id"]).alias("_item"))
+    cards = align.check_feeds(feeds, known, pseudonymize)
+    events = ctx.events.apply(align.map_actions(events, ctx.settings.action_map))
+    events = events.with_columns(catalog.index(events["item_id"]).alias("_item"))
+    checked = align.row_checks(
+        events,
+        in_catalog=known,
+        feed_views=cards.rows["page_view_id"].unique(),
+        max_ts=ctx.max_ts,
         pseudonymize=pseudonymize,
     )
-    ordered, order_flags = align.order_events(events.rows, pseudonymize)
+    ordered, order_flags = align.order_events(checked.rows, pseudonymize)
     ordered, after_end = align.drop_after_end(ordered, pseudonymize)
-    events.rows = ordered.clear()  # big frames are dropped as soon as the next form exists
-    layout = align.layouts(feeds.rows)
-    feeds.rows = layout.clear()
-    screens = align.screen_checks(ordered, layout, items.rows, geometry, pseudonymize)
-    steps = align.build_steps(screens.rows, items.rows, profiles.rows)
-    layout, orphan_feeds = _sessionless_feeds(layout, steps["page_view_id"].unique(), pseudonymize)
-    profile_flags = _missing_profile_flags(steps, pseudonymize)
+    layout = align.layouts(cards.rows)
+    first_screens = layout.filter(pl.col("rank") < align.FIRST_SCREEN_CARDS)["_item"]
+    items = catalog.context(pl.concat([first_screens, ordered["_item"]]))  # what the steps and sessions use
+    screens = align.screen_checks(ordered, layout, items, ctx.settings.geometry, pseudonymize)
+    steps = align.build_steps(screens.rows, items, ctx.profiles)
+    layout, orphans = _sessionless_feeds(layout, steps["page_view_id"].unique(), pseudonymize)
+    layout = layout.rename({"page_view_id": "session_id"})
+    return Part(
+        steps=steps,
+        layout=layout,
+        sessions=align.build_sessions(steps, layout, items),
+        rejects=[*checked.rejects, after_end, *screens.rejects, *cards.rejects, orphans],
+        flags=[order_flags],
+        no_profile=_first_step_without_profile(steps),
+        feed_duplicates=cards.duplicates,
+    )
 
-    rejects = {
-        "events": [*events.rejects, after_end, *screens.rejects],
-        "feeds": [*feeds.rejects, orphan_feeds],
-        "items": items.rejects,
-        "profiles": profiles.rejects,
-        "history": history.rejects,
+
+def _id_columns(settings: IngestSettings) -> dict[str, str]:
+    return ID_COLUMNS if settings.keep_image_refs else {**ID_COLUMNS, "image": "image"}
+
+
+def _per_element(lists: pl.Series, fn: Callable[[pl.Series], pl.Series]) -> pl.Series:
+    """``fn`` over the elements of a list column, rebuilt with the same offsets (null lists stay)."""
+    arrow = lists.to_arrow()
+    arrow = arrow.combine_chunks() if isinstance(arrow, pa.ChunkedArray) else arrow
+    offsets = pc.subtract(arrow.offsets, arrow.offsets[0])
+    flat = fn(pl.from_arrow(arrow.flatten())).to_arrow()
+    rebuilt = type(arrow).from_arrays(offsets, flat, mask=arrow.is_null() if arrow.null_count else None)
+    return pl.from_arrow(rebuilt).alias(lists.name)
+
+
+def _item_keys(values: pl.Series, catalog: Catalog, pseudonymize: Pseudonymizer) -> pl.Series:
+    """Item ids (or lists of them) -> pseudonyms from the catalog; a column holding an id the
+    catalog lacks (a logged visible item) is hashed instead."""
+    if isinstance(values.dtype, pl.List):
+        return _per_element(values, lambda flat: _item_keys(flat, catalog, pseudonymize))
+    keys = catalog.keys.gather(catalog.index(values))
+    if keys.null_count() != values.null_count():
+        return pseudonymize.column(values, "item")
+    return keys.alias(values.name)
+
+
+def _hashed(values: pl.Series, kind: str, settings: IngestSettings, pseudonymize: Pseudonymizer) -> pl.Series:
+    """Ids that hardly repeat (item ids, image refs) HMAC'd straight through: the keys of
+    ``pseudonymize.column`` without its per-distinct lookups, which cost more than the HMAC here."""
+    if values.n_unique() * 2 < values.len():
+        return pseudonymize.column(values, kind)
+    hexes = keyed_hex(values, settings.rekey_key.encode("utf-8"), kind)
+    if not hexes["raw"].equals(values, check_names=False):  # DuckDB keeps row order; never trust blindly
+        return pseudonymize.column(values, kind)
+    return hexes.select((pl.lit(f"{PREFIXES[kind]}_") + pl.col("hex")).alias(values.name)).to_series()
+
+
+def pseudonyms(
+    frame: pl.DataFrame,
+    settings: IngestSettings,
+    pseudonymize: Pseudonymizer,
+    catalog: Catalog | None = None,
+    done: tuple[str, ...] = (),
+) -> pl.DataFrame:
+    """Every raw id column but ``done`` re-keyed: item ids from the ``catalog`` where given (hashed
+    once per run), the rest hashed here (image refs and the catalog's own ids do not repeat)."""
+    keyed = [
+        _item_keys(frame[c], catalog, pseudonymize)
+        if kind == "item" and catalog is not None
+        else _hashed(frame[c], kind, settings, pseudonymize)
+        for c, kind in _id_columns(settings).items()
+        if c in frame.columns and c not in done
+    ]
+    return frame.with_columns(keyed)
+
+
+def _visible_keys(steps: pl.DataFrame, catalog: Catalog, pseudonymize: Pseudonymizer) -> pl.Series:
+    """Pseudonyms of ``visible_items``: lists computed from the layout map through the cards' own
+    catalog rows (``_visible_item``), no lookup; logged lists are looked up."""
+    if (steps["visible_source"] == "logged").any():
+        return _item_keys(steps["visible_items"], catalog, pseudonymize)
+    rows = steps.select(pl.when(pl.col("screen") == "feed").then(pl.col("_visible_item"))).to_series()
+    return _per_element(rows, lambda flat: catalog.keys.gather(flat)).alias("visible_items")
+
+
+def _views(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> pl.DataFrame:
+    """Per page view of the part: its pseudonym, and its user's pseudonym, split and bucket."""
+    views = part.sessions.select("session_id", "user_id").join(ctx.users, on="user_id", how="left")
+    return views.with_columns(pseudonymize.column(views["session_id"], "session").alias("_session"))
+
+
+def key_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> dict[str, pl.DataFrame]:
+    """The part's lake rows: pseudonyms, split and bucket (sessions keyed once per page view, then
+    joined; feed cards through their integer view number ``_pv``)."""
+    views = _views(part, ctx, pseudonymize)
+    first_cards = part.layout.filter(pl.col("rank") == 0).select("_pv", "session_id")
+    layout = part.layout.drop("session_id").join(
+        first_cards.join(views, on="session_id"), on="_pv", how="inner", maintain_order="left"
+    )
+    layout = layout.with_columns(ctx.catalog.keys.gather(layout["_item"]).alias("item_id"))
+    by_view = {"how": "left", "maintain_order": "left", "on": "session_id"}
+    steps = part.steps.drop("user_id").join(views, **by_view)
+    tables = {
+        "steps": steps.with_columns(_visible_keys(steps, ctx.catalog, pseudonymize)),
+        "feed_layouts": layout,
+        "sessions": part.sessions.drop("user_id").join(views, **by_view),
     }
-    duplicates = {
-        "events": events.duplicates,
-        "feeds": feeds.duplicates,
-        "items": items.duplicates,
-        "profiles": profiles.duplicates,
-        "history": 0,
+    keyed_ids = [pl.col("_session").alias("session_id"), pl.col("_user").alias("user_id")]
+    return {
+        name: pseudonyms(
+            _outputs(frame.with_columns(keyed_ids), name),
+            ctx.settings,
+            pseudonymize,
+            ctx.catalog,
+            ("session_id", "user_id", "item_id", "visible_items"),
+        )
+        for name, frame in tables.items()
     }
-    flags = _concat([order_flags, profile_flags])
-    raw_rejects = _concat([bundle[name].rejects for name in bundle])
-    quarantine = pl.concat(
+
+
+def _write_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer, run: Run, number: int) -> None:
+    for name, frame in key_part(part, ctx, pseudonymize).items():
+        run.tables[name].add(frame, number)
+
+
+# --- the run ----------------------------------------------------------------------
+
+
+class Run:
+    """The staged lake tables, the spill and the writer thread of one ingest: the tables are
+    committed together, or all of it is discarded."""
+
+    def __init__(self, lake: Path, zstd_level: int) -> None:
+        self.lake, self.zstd_level = lake, zstd_level
+        self.spill = lake / STAGING / f"spill-{uuid.uuid4().hex[:8]}"
+        self.tables = {name: StagedTable(lake, name, zstd_level=zstd_level) for name in WRITE_ORDER}
+        self.writer = Writer()
+
+    def write(self, name: str, frame: pl.DataFrame, part: int = 0) -> None:
+        """Add ``frame`` to the staged table ``name`` in the writer thread."""
+        self.writer.submit(self.tables[name].add, frame, part)
+
+    def commit(self, quarantine: pl.DataFrame) -> dict[str, str]:
+        self.writer.wait()
+        paths = {name: str(self.tables[name].commit()) for name in WRITE_ORDER}
+        paths["quarantine"] = str(
+            write_quarantine(self.lake, "ingest", quarantine, zstd_level=self.zstd_level)
+        )
+        return paths
+
+    def discard(self) -> None:
+        self.writer.close()
+        for staged in self.tables.values():
+            staged.discard()
+        shutil.rmtree(self.spill, ignore_errors=True)
+
+
+def _checked_history(history: pl.DataFrame, pseudonymize: Pseudonymizer) -> align.Checked:
+    rows, bad = align.split_by_reason(
+        history,
+        pl.when(~pl.col("kind").is_in(HISTORY_KINDS)).then(pl.lit("unknown_history_kind")),
+        "history",
+        pl.lit("history kind must be click or buy"),
+        pseudonymize,
+    )
+    return align.Checked(rows, [bad])
+
+
+def _assignment(users: pl.Series, pseudonymize: Pseudonymizer, settings: IngestSettings) -> pl.DataFrame:
+    """user_id (raw) -> _user (pseudonym), split, bucket; both derive from the pseudonym alone."""
+    keys = pseudonymize.mapping(users, "user")
+    return keys.select(
+        pl.col("raw").alias("user_id"),
+        pl.col("key").alias("_user"),
+        split_of(keys["key"], settings.split_seed, settings.split_ratios),
+        bucket_of(keys["key"], settings.buckets),
+    )
+
+
+def _profile_flags(candidates: list[pl.DataFrame], pseudonymize: Pseudonymizer) -> pl.DataFrame:
+    """One kept-and-flagged row per user whose profile is missing, at the user's first step."""
+    rows = pl.concat(candidates, how="vertical_relaxed") if candidates else pl.DataFrame()
+    if rows.height == 0:
+        return empty_rejects()
+    first = rows.sort("page_view_id").group_by("user_id", maintain_order=True).first()
+    return reject_rows("events", first, "missing_profile", "kept with an empty profile", pseudonymize)
+
+
+def _quarantine(rejects: list[pl.DataFrame], flags: list[pl.DataFrame]) -> pl.DataFrame:
+    return pl.concat(
         [
-            _concat([raw_rejects, *[r for rs in rejects.values() for r in rs]]).with_columns(
-                pl.lit(False).alias("kept")
-            ),
-            flags.with_columns(pl.lit(True).alias("kept")),
+            _concat(rejects).with_columns(pl.lit(False).alias("kept")),
+            _concat(flags).with_columns(pl.lit(True).alias("kept")),
         ],
         how="vertical_relaxed",
     ).sort("table", "source_file", "source_row", "reason", nulls_last=True)
-    tables = {
-        "steps": steps,
-        "feed_layouts": layout.rename({"page_view_id": "session_id"}),
-        "items": align.build_items(items.rows),
-        "profiles": profiles.rows,
-        "history": history.rows,
-    }
-    counts = _count(bundle, tables, quarantine, duplicates)
-    return Aligned(tables, quarantine, counts)
 
 
 def _count(
-    bundle: dict[str, TableRead],
-    tables: dict[str, pl.DataFrame],
+    reads: dict[str, TableRead],
+    rows_out: dict[str, int],
     quarantine: pl.DataFrame,
     duplicates: dict[str, int],
 ) -> dict[str, TableCount]:
@@ -202,10 +702,10 @@ def _count(
     lookup = {(t, k): n for t, k, n in per_table.iter_rows()}
     counts = {
         name: TableCount(
-            rows_in=bundle[name].rows_in,
-            rows_out=tables[OUTPUT_OF[name]].height,
+            rows_in=reads[name].rows_in,
+            rows_out=rows_out[OUTPUT_OF[name]],
             quarantined=lookup.get((name, False), 0),
-            duplicates=duplicates[name] + bundle[name].merged,
+            duplicates=duplicates[name] + reads[name].merged,
             flagged=lookup.get((name, True), 0),
         )
         for name in OUTPUT_OF
@@ -216,40 +716,74 @@ def _count(
     return counts
 
 
-def pseudonymize_outputs(
-    tables: dict[str, pl.DataFrame], pseudonymize: Pseudonymizer, settings: IngestSettings
-) -> dict[str, pl.DataFrame]:
-    """Replace raw ids by pseudonyms; add split and bucket derived from the user pseudonym."""
-    # event ids and helper columns are not part of any output: drop them before hashing ids
-    unused = ("event_id",)
-    keyed = {
-        name: pseudonymize(frame.drop([c for c in frame.columns if c.startswith("_") or c in unused]))
-        for name, frame in tables.items()
-    }
-    steps = keyed["steps"].with_columns(pl.col("page_view_id").alias("session_id"))
-    users = pl.concat([steps["user_id"], keyed["profiles"]["user_id"]]).unique().sort()
-    assignment = pl.DataFrame(
-        {
-            "user_id": users,
-            "split": split_of(users, settings.split_seed, settings.split_ratios),
-            "bucket": bucket_of(users, settings.buckets),
-        }
-    )
-    steps = steps.join(assignment, on="user_id", how="left")
-    buckets = steps.select("session_id", "bucket").unique("session_id")
-    return {
-        "steps": steps,
-        "feed_layouts": keyed["feed_layouts"].join(buckets, on="session_id", how="inner"),
-        "items": keyed["items"],
-        "profiles": align.profile_columns(keyed["profiles"]).join(
-            assignment.drop("bucket"), on="user_id", how="left"
-        ),
-        "history": keyed["history"],
-    }
-
-
 def _silent(phase: str) -> None:
     return None
+
+
+def _read(
+    raw: str | Path, source_format: str, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run
+) -> tuple[Raw, dict[str, int]]:
+    if source_format == "userarena":
+        tables, notes = read_userarena(raw, settings.timestamp_unit, pseudonymize)
+        return from_tables(tables, run), notes
+    if source_format == "bundle":
+        return read_pass(check_bundle(raw), settings, pseudonymize, run), {}
+    raise ValueError(f"unknown source format {source_format!r}: expected bundle or userarena")
+
+
+@dataclass
+class Totals:
+    """What the run gathers beside the lake rows: quarantine rows, flags, merged duplicates."""
+
+    rejects: list[pl.DataFrame] = field(default_factory=list)
+    flags: list[pl.DataFrame] = field(default_factory=list)
+    no_profile: list[pl.DataFrame] = field(default_factory=list)
+    duplicates: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTPUT_OF, 0))
+
+
+def prepare(
+    source: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run, totals: Totals
+) -> Context:
+    """Everything the parts share: users' pseudonyms and splits (profiles and history written),
+    the catalog (items written), duplicate event ids settled. Small writes are queued first, so the
+    writer thread's longer jobs (keying the items) never hold this thread up."""
+    profiles = align.check_profiles(source.table("profiles"), pseudonymize)
+    history = _checked_history(source.table("history"), pseudonymize)
+    users = _assignment(pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings)
+    run.write("profiles", _profiles_out(profiles.rows, users, pseudonymize))
+    run.write("history", pseudonymize(history.rows.drop(_helpers(history.rows))))
+    catalog, rejects, totals.duplicates["items"] = items_pass(source, settings, pseudonymize, run)
+    events = settle(
+        source.id_hashes["events"],
+        lambda: [
+            align.map_actions(source.spill.read("events", p, release=False), settings.action_map)
+            for p in range(source.parts)
+        ],
+        "event_id",
+        lambda rows: align.dedupe_events(rows, pseudonymize),
+    )
+    totals.rejects += [*rejects, *profiles.rejects, *history.rejects, *events.rejects]
+    totals.duplicates["profiles"], totals.duplicates["events"] = profiles.duplicates, events.duplicates
+    max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
+    return Context(settings, catalog, align.profile_context(profiles.rows), users, max_ts, events)
+
+
+def _profiles_out(profiles: pl.DataFrame, users: pl.DataFrame, pseudonymize: Pseudonymizer) -> pl.DataFrame:
+    splits = users.select(pl.col("_user").alias("user_id"), "split")
+    keyed = pseudonymize(profiles.drop(_helpers(profiles)))
+    return align.profile_columns(keyed).join(splits, on="user_id", how="left")
+
+
+def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
+    """Pass 2: part by part; each part's outputs are keyed and written while the next one aligns."""
+    for p in range(source.parts):
+        keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
+        part = align_part(source.spill.read("events", p), source.spill.read("feeds", p), ctx, keys)
+        totals.rejects += part.rejects
+        totals.flags += part.flags
+        totals.no_profile.append(part.no_profile)
+        totals.duplicates["feeds"] += part.feed_duplicates
+        run.writer.submit(_write_part, part, ctx, keys, run, p)
 
 
 def ingest_bundle(
@@ -267,41 +801,39 @@ def ingest_bundle(
     started = time.perf_counter()
     settings = settings or IngestSettings()
     pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
-    progress("read")
-    notes: dict[str, int] = {}
-    if source_format == "userarena":
-        bundle, notes = read_userarena(raw, settings.timestamp_unit, pseudonymize)
-    elif source_format == "bundle":
-        bundle = read_bundle(raw, settings.timestamp_unit, pseudonymize)
-    else:
-        raise ValueError(f"unknown source format {source_format!r}: expected bundle or userarena")
-    progress("align")
-    aligned = align_bundle(bundle, settings, pseudonymize)
-    progress("pseudonymize")
-    tables = pseudonymize_outputs(aligned.tables, pseudonymize, settings)
-    aligned.tables.clear()
-    tables["sessions"] = align.build_sessions(tables["steps"], tables["feed_layouts"], tables["items"]).join(
-        tables["steps"].select("session_id", "split", "bucket").unique("session_id"), on="session_id"
-    )
-    output_rows = {name: frame.height for name, frame in tables.items()}
-    paths = {
-        name: str(write_table(lake, name, tables.pop(name), zstd_level=settings.zstd_level))
-        for name in list(tables)
-    }
-    paths["quarantine"] = str(
-        write_quarantine(lake, "ingest", aligned.quarantine, zstd_level=settings.zstd_level)
-    )
-    reasons = aligned.quarantine.group_by("kept", "reason").len()
+    run, totals = Run(Path(lake), settings.zstd_level), Totals()
+    try:
+        progress("read")
+        source, notes = _read(raw, source_format, settings, pseudonymize, run)
+        progress("items")
+        ctx = prepare(source, settings, pseudonymize, run, totals)
+        progress("align")
+        align_parts(source, ctx, run, totals)
+        progress("write")
+        totals.flags.append(_profile_flags(totals.no_profile, pseudonymize))
+        quarantine = _quarantine([*source.rejects, *totals.rejects], totals.flags)
+        run.writer.wait()
+        output_rows = {name: run.tables[name].rows for name in WRITE_ORDER}
+        counts = _count(source.reads, output_rows, quarantine, totals.duplicates)
+        paths = run.commit(quarantine)
+    finally:
+        run.discard()
+    reasons = quarantine.group_by("kept", "reason").len().sort("reason")
     return IngestResult(
         lake=str(lake),
         raw=str(raw),
-        counts=aligned.counts,
-        quarantine_by_reason={r: n for k, r, n in reasons.sort("reason").iter_rows() if not k},
-        flagged_by_reason={r: n for k, r, n in reasons.sort("reason").iter_rows() if k},
+        counts=counts,
+        quarantine_by_reason={r: n for k, r, n in reasons.iter_rows() if not k},
+        flagged_by_reason={r: n for k, r, n in reasons.iter_rows() if k},
         output_rows=output_rows,
         paths=paths,
-        naive_timestamps=sum(t.naive_timestamps for t in bundle.values()),
+        naive_timestamps=sum(t.naive_timestamps for t in source.reads.values()),
         notes=notes,
         wall_seconds=round(time.perf_counter() - started, 3),
         settings=json.loads(settings.model_dump_json(exclude={"rekey_key"})),
     )
+
+
+def _helpers(frame: pl.DataFrame) -> list[str]:
+    """Locator and helper columns, never part of an output."""
+    return [c for c in frame.columns if c.startswith("_")]

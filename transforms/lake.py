@@ -58,18 +58,23 @@ def _write_parquet(frame: pl.DataFrame, schema: pa.Schema, path: Path, zstd_leve
 
 
 def _write_tree(
-    frame: pl.DataFrame, schema: pa.Schema, root: Path, partition_by: str | None, zstd: int
+    frame: pl.DataFrame,
+    schema: pa.Schema,
+    root: Path,
+    partition_by: str | None,
+    zstd: int,
+    file_name: str = "part-0.parquet",
 ) -> None:
     if partition_by is None:
-        _write_parquet(frame, schema, root / "part-0.parquet", zstd)
+        _write_parquet(frame, schema, root / file_name, zstd)
         return
     if frame.height == 0:
         # an empty table still exists, so readers and views find its schema
-        _write_parquet(frame, schema, root / f"{partition_by}=0" / "part-0.parquet", zstd)
+        _write_parquet(frame, schema, root / f"{partition_by}=0" / file_name, zstd)
         return
     # maintain_order keeps each partition in the frame's own (deterministic) order: no sort needed
     for (key,), part in frame.partition_by(partition_by, as_dict=True, maintain_order=True).items():
-        _write_parquet(part, schema, root / f"{partition_by}={key}" / "part-0.parquet", zstd)
+        _write_parquet(part, schema, root / f"{partition_by}={key}" / file_name, zstd)
 
 
 def swap_into_place(staged: Path, target: Path) -> None:
@@ -82,6 +87,42 @@ def swap_into_place(staged: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+class StagedTable:
+    """A lake table written piece by piece into staging, then swapped into place whole.
+
+    Each ``add`` writes ``part-<n>.parquet`` (under every ``bucket=K/`` it touches for
+    partitioned tables), so a table may hold several files per bucket; readers and the
+    DuckDB views read every ``*.parquet`` of the table folder.
+    """
+
+    def __init__(
+        self, lake: str | Path, name: str, *, schema: pa.Schema | None = None, zstd_level: int = 1
+    ) -> None:
+        self.lake, self.name = Path(lake), name
+        self.schema = schema or LAKE_TABLES[name]
+        self.partition_by = "bucket" if name in PARTITIONED else None
+        self.staged = self.lake / STAGING / f"{name}-{uuid.uuid4().hex[:8]}"
+        self.zstd_level = zstd_level
+        self.rows = 0
+
+    def add(self, frame: pl.DataFrame, part: int = 0) -> None:
+        if frame.height:
+            name = f"part-{part}.parquet"
+            _write_tree(frame, self.schema, self.staged, self.partition_by, self.zstd_level, name)
+            self.rows += frame.height
+
+    def commit(self) -> Path:
+        """Swap the staged table into place (an empty table gets one empty file, as a schema)."""
+        if not self.staged.exists():
+            empty = polars_schema(self.schema).to_frame()
+            _write_tree(empty, self.schema, self.staged, self.partition_by, self.zstd_level)
+        swap_into_place(self.staged, table_dir(self.lake, self.name))
+        return table_dir(self.lake, self.name)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staged, ignore_errors=True)
+
+
 def write_table(
     lake: str | Path,
     name: str,
@@ -91,15 +132,12 @@ def write_table(
     zstd_level: int = 1,
 ) -> Path:
     """Atomically (re)write lake table ``name`` from ``frame``; returns its folder."""
-    schema = schema or LAKE_TABLES[name]
-    partition_by = "bucket" if name in PARTITIONED else None
-    staged = Path(lake) / STAGING / f"{name}-{uuid.uuid4().hex[:8]}"
+    staged = StagedTable(lake, name, schema=schema, zstd_level=zstd_level)
     try:
-        _write_tree(frame, schema, staged, partition_by, zstd_level)
-        swap_into_place(staged, table_dir(lake, name))
+        staged.add(frame)
+        return staged.commit()
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
-    return table_dir(lake, name)
+        staged.discard()
 
 
 def write_quarantine(lake: str | Path, stage: str, frame: pl.DataFrame, *, zstd_level: int = 1) -> Path:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import polars as pl
@@ -42,6 +43,7 @@ MAX_FIELD_CHARS = 65_536  # a longer string field is quarantined, not carried in
 ISO_AWARE = ("%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f%#z")
 ISO_NAIVE = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d")
 NESTED = {"params", "reviews", "visible_items"}
+ROW_BYTES = {"jsonl": 200, "jsonl.gz": 40, "csv": 100, "csv.gz": 20}  # rough row sizes, to plan parts
 
 
 class BundleError(Exception):
@@ -123,8 +125,16 @@ def file_format(path: Path) -> str | None:
 # --- loose frames: whatever types the file holds ------------------------------
 
 
-def _loose_parquet(path: Path) -> pl.DataFrame:
-    return pl.from_arrow(pq.read_table(path))
+def _loose_parquet(path: Path, rows: tuple[int, int] | None = None) -> pl.DataFrame:
+    """The file (or the row range ``(offset, length)``) with Polars' reader, several times faster than
+    Arrow's on nested columns; a file Polars refuses is read by Arrow, whose error, if any, is the one
+    quarantined."""
+    try:
+        scan = pl.scan_parquet(path, hive_partitioning=False)
+        return (scan.slice(*rows) if rows else scan).collect()
+    except Exception:
+        frame = pl.from_arrow(pq.read_table(path))
+        return frame.slice(*rows) if rows else frame
 
 
 def _decode_lines(data: bytes) -> list[tuple[int, str | None]]:
@@ -310,8 +320,11 @@ def _coerce_nested(series: pl.Series, name: str, target: pa.DataType) -> tuple[p
         if name == "params"
         else pl.List(pl.String)
     )
+    fine = pl.repeat(True, series.len(), eager=True).alias(name)
     if series.dtype == dtype:
-        return series, pl.Series(name, [True] * len(series))
+        return series, fine
+    if series.null_count() == series.len():  # e.g. an absent optional column: nothing to convert
+        return pl.repeat(None, series.len(), dtype=dtype, eager=True).alias(name), fine
     if series.dtype == pl.List(pl.Struct) or (
         isinstance(series.dtype, pl.List) and series.dtype.inner == pl.String and name != "params"
     ):
@@ -325,6 +338,7 @@ def _coerce_nested(series: pl.Series, name: str, target: pa.DataType) -> tuple[p
     return values, pl.Series(name, [p[1] for p in pairs])
 
 
+@cache
 def _target_dtypes(table: str) -> dict[str, pl.DataType]:
     return dict(pl.from_arrow(RAW_TABLES[table].empty_table()).schema)
 
@@ -369,7 +383,8 @@ def coerce(
         if table == "profiles"
         else []
     )
-    rejected = tagged.filter(pl.col("_reason").is_not_null())
+    clean = tagged["_reason"].null_count() == tagged.height  # the common case: no filtering needed
+    rejected = tagged.clear() if clean else tagged.filter(pl.col("_reason").is_not_null())
     rejects = reject_rows(
         table,
         rejected.select([*declared, *extras, *LOCATORS]),
@@ -377,7 +392,7 @@ def coerce(
         rejected["_detail"],
         pseudonymize,
     )
-    good = tagged.filter(pl.col("_reason").is_null()).select(
+    good = (tagged if clean else tagged.filter(pl.col("_reason").is_null())).select(
         [typed[c].alias(c) for c in declared] + [pl.col(c).cast(pl.String) for c in extras] + list(LOCATORS)
     )
     return good, rejects, naive
@@ -433,13 +448,27 @@ def read_file(
     path: Path, root: Path, table: str, unit: str, pseudonymize: Pseudonymize | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame, int, int]:
     """One part file -> (typed rows, rejects, rows in, naive timestamps)."""
+    return _read_rows(path, root, table, unit, pseudonymize)
+
+
+def _read_rows(
+    path: Path,
+    root: Path,
+    table: str,
+    unit: str,
+    pseudonymize: Pseudonymize | None,
+    rows: tuple[int, int] | None = None,
+) -> tuple[pl.DataFrame, pl.DataFrame, int, int]:
+    """A whole file, or the Parquet row range ``rows`` (``_row`` counts from the file's start)."""
     rel = path.relative_to(root).as_posix()
     fmt = file_format(path)
     try:
         if fmt == "parquet":
-            loose, rejects = _loose_parquet(path), empty_rejects()
+            loose, rejects = _loose_parquet(path, rows), empty_rejects()
+            first = rows[0] if rows else 0
             loose = loose.with_columns(
-                pl.lit(rel).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
+                pl.lit(rel).alias("_file"),
+                pl.int_range(first, first + pl.len(), dtype=pl.Int64).alias("_row"),
             )
         elif fmt in ("jsonl", "jsonl.gz"):
             loose, rejects = _loose_jsonl(path, table, rel, gz=fmt == "jsonl.gz")
@@ -467,6 +496,71 @@ def read_file(
     return good, pl.concat([rejects, typed_rejects]), rows_in, naive
 
 
+def row_ranges(path: Path, chunk_rows: int) -> list[tuple[int, int] | None]:
+    """Row ranges of whole Parquet row groups, about ``chunk_rows`` rows each; ``[None]`` (the whole
+    file) for other formats, small files and files whose footer cannot be read."""
+    if file_format(path) != "parquet":
+        return [None]
+    try:
+        meta = pq.read_metadata(path)
+    except Exception:
+        return [None]  # read whole: the reader quarantines the file with its own error
+    if meta.num_rows <= chunk_rows:
+        return [None]
+    ranges, start, size = [], 0, 0
+    for group in range(meta.num_row_groups):
+        size += meta.row_group(group).num_rows
+        if size >= chunk_rows or group == meta.num_row_groups - 1:
+            ranges.append((start, size))
+            start, size = start + size, 0
+    return ranges
+
+
+def read_chunks(
+    root: Path, table: str, unit: str, pseudonymize: Pseudonymize | None, chunk_rows: int
+) -> Iterator[TableRead]:
+    """The table as a stream of typed chunks, files in ``_file`` order, each at most one file or
+    about ``chunk_rows`` rows of one Parquet file: memory is bounded by the chunk, not the table."""
+    files = sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix())
+    for path in files:
+        rel = path.relative_to(root).as_posix()
+        for rows in row_ranges(path, chunk_rows):
+            good, bad, n, naive = _read_rows(path, root, table, unit, pseudonymize, rows)
+            yield TableRead(table, good, bad, n, [rel], naive)
+
+
+def estimated_rows(root: Path, table: str) -> int:
+    """Rows of a table from Parquet footers, else from file sizes (enough to choose a part count)."""
+    total = 0
+    for path in table_files(root, table):
+        fmt = file_format(path)
+        try:
+            total += (
+                pq.read_metadata(path).num_rows if fmt == "parquet" else path.stat().st_size // ROW_BYTES[fmt]
+            )
+        except Exception:
+            continue  # an unreadable file is quarantined by the reader; nothing to plan for
+    return total
+
+
+def _no_table(root: Path, table: str) -> BundleError:
+    return BundleError(
+        f"The raw bundle {root} has no '{table}' table: expected a folder {table}/ of part files "
+        f"or a file {table}.parquet|.jsonl|.jsonl.gz|.csv."
+    )
+
+
+def check_bundle(root: str | Path) -> Path:
+    """The bundle folder, or the ``BundleError`` that ``read_bundle`` would raise for it."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BundleError(f"The raw bundle folder {root} does not exist or is not a folder.")
+    missing = [t for t in RAW_TABLES if t not in OPTIONAL_TABLES and not table_files(root, t)]
+    if missing:
+        raise _no_table(root, missing[0])
+    return root
+
+
 def read_table(
     root: Path, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
 ) -> TableRead:
@@ -477,10 +571,7 @@ def read_table(
                 pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
             )
             return TableRead(table, empty.clear(), empty_rejects(), 0)
-        raise BundleError(
-            f"The raw bundle {root} has no '{table}' table: expected a folder {table}/ of part files "
-            f"or a file {table}.parquet|.jsonl|.jsonl.gz|.csv."
-        )
+        raise _no_table(root, table)
     frames, rejects, rows_in, naive = [], [], 0, 0
     for path in files:
         good, bad, n, nv = read_file(path, root, table, unit, pseudonymize)
@@ -509,9 +600,7 @@ def read_bundle(
     root: str | Path, unit: str = "auto", pseudonymize: Pseudonymize | None = None
 ) -> dict[str, TableRead]:
     """Read every table of a raw bundle folder."""
-    root = Path(root)
-    if not root.is_dir():
-        raise BundleError(f"The raw bundle folder {root} does not exist or is not a folder.")
+    root = check_bundle(root)
     return {name: read_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
 
 

@@ -1,0 +1,189 @@
+"""The partitioned ingest: a run forced into several parts gives the lake of a one-part run.
+
+Parts are chosen from the bundle's size (``spill_part_rows`` feed + event rows per part); a
+settings subclass with a tiny value forces the spill on bundles small enough to check by hand.
+Rows are compared as sets (sorted): parts change which file a row lands in, never the row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from synthetic.bundle import write_bundle as write_synthetic
+from tests.bundles import event, feeds, tiny_bundle, write_bundle
+from transforms import lake as lake_io
+from transforms.config import IngestSettings
+from transforms.ingest import _part_of, ingest_bundle
+from transforms.lake import read_table, table_files
+from transforms.readers import read_chunks
+
+TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history", "quarantine")
+PARTS = 3
+
+
+class ThreeParts(IngestSettings):
+    # cross_part_bundle: 27 events + 33 feed cards = 60 rows -> ceil(60 / 20) = 3 parts
+    spill_part_rows: int = 20
+
+
+def part_of(page_view: str, parts: int = PARTS) -> int:
+    """The part a page view lands in (the ingest's own rule)."""
+    return pl.DataFrame({"page_view_id": [page_view]}).select(_part_of(parts)).item()
+
+
+def views_by_part() -> dict[int, list[str]]:
+    """Two page-view ids per part, so cross-part cases really cross."""
+    views: dict[int, list[str]] = {p: [] for p in range(PARTS)}
+    for n in range(1000):
+        views[part_of(f"pv-{n}")].append(f"pv-{n}")
+        if all(len(v) >= 2 for v in views.values()):
+            return views
+    raise AssertionError("no page views for every part")
+
+
+def cross_part_bundle() -> dict[str, list[dict]]:
+    """The hand-built session copied into page views of all three parts, plus faults that cross
+    parts: an event id reused in another part with other values, a user without a profile whose
+    sessions sit in two parts, a page view used by two users, an exact duplicate, a duplicate item id.
+
+    Event rows (one file, in this order): a 0-8 (usr-1), b 9-17 (usr-2), c 18-20 and d 21-23 (usr-3,
+    no profile), 24 the conflicting ev-0, 25 an exact copy of row 10, 26 usr-1's end in view c.
+    """
+    views = views_by_part()
+    a, b, c, d = views[0][0], views[1][0], views[2][0], views[0][1]  # d shares a's part, not c's
+    base = tiny_bundle()["events"]
+
+    def copy(view: str, user: str, prefix: str, rows: list[dict]) -> list[dict]:
+        return [dict(e, event_id=f"{prefix}{e['event_id']}", page_view_id=view, user_id=user) for e in rows]
+
+    events = copy(a, "usr-1", "", base) + copy(b, "usr-2", "b", base)
+    events += copy(c, "usr-3", "c", base[:3]) + copy(d, "usr-3", "d", base[:3])
+    events.append(dict(events[9], event_id="ev-0", scroll_delta=200))  # a's ev-0 id, b's row: conflict
+    events.append(dict(events[10]))  # exact repeat: merged
+    events.append(event("x-end", 40, "feed", "end", scroll_top=0, page_view_id=c, user_id="usr-1"))
+    bundle = tiny_bundle()
+    bundle["events"] = events
+    bundle["feeds"] = feeds(a) + feeds(b) + feeds(c) + feeds(d) + [dict(feeds(c)[0], item_id="itm-404")]
+    bundle["items"] = [*bundle["items"], dict(bundle["items"][2], price=5.0)]  # itm-3 again, other price
+    return bundle
+
+
+def _lake(lake: Path) -> dict[str, pl.DataFrame]:
+    """Every table's rows in a canonical order (row sets, not file layout)."""
+    tables = {}
+    for table in TABLES:
+        frame = read_table(lake, table)
+        tables[table] = frame.sort(pl.struct(pl.all()).struct.json_encode())
+    return tables
+
+
+def _same_lakes(one: Path, many: Path) -> None:
+    left, right = _lake(one), _lake(many)
+    for table in TABLES:
+        assert left[table].equals(right[table]), table
+
+
+def _ingest_both(raw: Path, tmp_path: Path, settings: IngestSettings):
+    single = ingest_bundle(raw, tmp_path / "one")
+    parted = ingest_bundle(raw, tmp_path / "many", settings)
+    return single, parted
+
+
+def test_cross_part_faults_give_the_one_part_lake(tmp_path):
+    write_bundle(cross_part_bundle(), tmp_path / "raw")
+    single, parted = _ingest_both(tmp_path / "raw", tmp_path, ThreeParts())
+    # several part files per bucket prove the spill ran (a one-part run writes part-0 only)
+    written = {p.name for p in table_files(tmp_path / "many", "feed_layouts")}
+    assert written == {"part-0.parquet", "part-1.parquet", "part-2.parquet"}
+    _same_lakes(tmp_path / "one", tmp_path / "many")
+    assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
+    assert parted.quarantine_by_reason == single.quarantine_by_reason
+    assert parted.flagged_by_reason == single.flagged_by_reason
+    assert parted.output_rows == single.output_rows
+    # the faults were seen, and seen once
+    reasons = parted.quarantine_by_reason
+    assert reasons["duplicate_event_id"] == 1  # the later ev-0, whose twin sits in another part
+    assert reasons["page_view_user_conflict"] == 1  # usr-1's end in view c, which belongs to usr-3
+    assert reasons["duplicate_item_id"] == 1 and reasons["item_not_in_catalog"] == 1
+    assert parted.flagged_by_reason["missing_profile"] == 1  # usr-3, steps in two parts: one flag
+    assert parted.counts["events"].duplicates == 1  # the exact repeat, merged
+
+
+def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_path):
+    write_bundle(cross_part_bundle(), tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake", ThreeParts())
+    rejected = read_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "duplicate_event_id")
+    assert rejected["source_row"].to_list() == [24]  # the later of the two rows with id ev-0
+
+
+def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
+    raw = tmp_path / "raw"
+    write_synthetic(raw, users=60, seed=3, fmt="parquet")
+    first = sorted((raw / "events").glob("*.parquet"))[0]
+    events = pl.read_parquet(first)
+    conflicting = events.slice(0, 1).with_columns(pl.lit(events["page_view_id"][-1]).alias("page_view_id"))
+    pl.concat([events, conflicting, events.slice(5, 1)]).write_parquet(first)
+
+    class ManyParts(IngestSettings):
+        spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> on disk
+
+    single, parted = _ingest_both(raw, tmp_path, ManyParts())
+    _same_lakes(tmp_path / "one", tmp_path / "many")
+    assert parted.counts == single.counts
+    assert parted.quarantine_by_reason == single.quarantine_by_reason
+    assert (
+        single.quarantine_by_reason.get("duplicate_event_id") == 1 and single.counts["events"].duplicates == 1
+    )
+
+
+def test_partitioned_rerun_gives_identical_files(tmp_path):
+    write_bundle(cross_part_bundle(), tmp_path / "raw")
+    lake = tmp_path / "lake"
+    ingest_bundle(tmp_path / "raw", lake, ThreeParts())
+    before = {p.relative_to(lake): p.read_bytes() for t in TABLES for p in table_files(lake, t)}
+    ingest_bundle(tmp_path / "raw", lake, ThreeParts())
+    after = {p.relative_to(lake): p.read_bytes() for t in TABLES for p in table_files(lake, t)}
+    assert after == before
+
+
+def test_failure_in_a_later_part_leaves_the_previous_lake_and_no_spill(tmp_path, monkeypatch):
+    write_bundle(cross_part_bundle(), tmp_path / "raw")
+    lake = tmp_path / "lake"
+    ingest_bundle(tmp_path / "raw", lake, ThreeParts())
+    before = _lake(lake)
+    calls = {"n": 0}
+    real_write = lake_io._write_parquet
+
+    def flaky(frame, schema, path, zstd_level):
+        calls["n"] += 1
+        if calls["n"] == 6:  # items and the first part are staged by now
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"PAR1 half a file")
+            raise OSError("disk full")
+        real_write(frame, schema, path, zstd_level)
+
+    monkeypatch.setattr(lake_io, "_write_parquet", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        ingest_bundle(tmp_path / "raw", lake, ThreeParts())
+    assert calls["n"] >= 6
+    assert not any((lake / ".staging").iterdir())  # staged tables and the spill are gone
+    after = _lake(lake)
+    for table in TABLES:
+        assert after[table].equals(before[table]), table
+
+
+def test_big_parquet_files_are_read_in_row_group_chunks(tmp_path):
+    # 10 rows in row groups of 3: chunks of >= 4 rows are whole groups, rows numbered from the file start
+    rows = feeds("pv-A") + feeds("pv-B")[:2]
+    table = pa.Table.from_pylist(rows)
+    (tmp_path / "feeds").mkdir()
+    pq.write_table(table, tmp_path / "feeds" / "part-0.parquet", row_group_size=3)
+    chunks = list(read_chunks(tmp_path, "feeds", "auto", None, 4))
+    assert [c.frame.height for c in chunks] == [6, 4]  # 3+3, then 3+1
+    assert pl.concat([c.frame for c in chunks])["_row"].to_list() == list(range(10))
+    assert sum(c.rows_in for c in chunks) == 10
