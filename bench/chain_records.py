@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -22,6 +21,8 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from hostinfo import describe  # bench/ is the script's folder
 
 HEADING = "## chain + records"
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -140,21 +141,9 @@ def child(phase: str, lake: str, threads: int) -> dict:
 
 
 def machine(threads: int) -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     import polars as pl
 
-    return (
-        f"nproc {os.cpu_count()}, {cpu}, {ram:.0f} GiB RAM; pinned to {threads} cores "
-        f"(POLARS_MAX_THREADS={threads}); Python {platform.python_version()}, polars {pl.__version__}"
-    )
+    return f"{describe()}; pinned to {threads} cores (POLARS_MAX_THREADS={threads}), polars {pl.__version__}"
 
 
 def report(args: argparse.Namespace, lake: dict, results: dict[str, dict]) -> str:

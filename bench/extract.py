@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
 
 from extractors.answer import ask_until_clean  # noqa: E402
 from extractors.cache import ResponseCache  # noqa: E402
@@ -158,24 +159,6 @@ def format_row(r: dict[str, object]) -> str:
         f"| {r['path']} | {r['concurrency']} | {r['requests']} | {r['bound']:.0f} | {r['rps_best']:.1f} "
         f"({share:.0f} %) | {r['rps_median']:.1f} | {r['cpu_ms']:.2f} |"
     )
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem_kb = next(
-            int(line.split()[1])
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal")
-        )
-        mem = f"{mem_kb / 2**20:.0f} GiB RAM"
-    except (OSError, StopIteration):
-        mem = "RAM unknown"
-    return f"`nproc` {os.cpu_count()}, {mem}, {cpu}, Python {platform.python_version()}"
 
 
 def record(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
 
 VIEWPORT = 693
 
@@ -135,19 +136,6 @@ def measure(variant: str, raw: Path, work: Path) -> dict:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["output_mib"] = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 2**20
     return result
-
-
-def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
 
 
 def ensure_bundle(users: int, seed: int, work: Path) -> tuple[Path, float]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import numpy as np
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hostinfo import describe as machine
 
 from transforms.lake import write_table
 from transforms.schemas import ACTION_GROUPS, PROFILE_FIELDS
@@ -138,19 +139,6 @@ def synthetic_lake(lake: str, users: int) -> None:
     raw = f"{lake}-raw"
     write_bundle(raw, users=users, seed=7, overwrite=True)
     ingest_bundle(raw, lake)
-
-
-def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {ram:.0f} GiB RAM, Python {platform.python_version()}"
 
 
 def main() -> None:
