@@ -20,22 +20,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from transforms.config import Geometry
-from transforms.schemas import PROFILE_FIELDS, SCROLL_ACTIONS
+from transforms.schemas import IPV_ACTIONS, PROFILE_FIELDS, SCROLL_ACTIONS
 
 PROMPT_VERSION = "v1"
 Mode = Literal["single", "cross"]
 UNKNOWN_ITEM = "(unknown item)"
 #: ipv actions counted in "already done on this item", in this order
-DONE_ACTIONS: tuple[str, ...] = (
-    "ipv_scroll_down",
-    "ipv_scroll_up",
-    "ipv_swipe_pic",
-    "ipv_click_param",
-    "ipv_enter_comment",
-    "ipv_click_comment",
-    "ipv_cart",
-    "ipv_buy",
-)
+DONE_ACTIONS: tuple[str, ...] = tuple(a for a in IPV_ACTIONS if a not in ("back_home", "end"))
 
 
 class PromptSettings(BaseModel):
