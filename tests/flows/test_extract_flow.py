@@ -31,7 +31,7 @@ def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypa
     lake = write_tiny_lake(tmp_path / "lake")
     secret = "sk-flow-" + os.urandom(8).hex()
     monkeypatch.setenv("FLOW_TEST_KEY", secret)
-    for name, value in {"REQUEST_TIMEOUT_S": "0.3", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
+    for name, value in {"REQUEST_TIMEOUT_S": "10", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
         monkeypatch.setenv(f"TRAJFORGE_EXTRACT_{name}", value)
     # how the lead registers it in flows/cli.py
     app = typer.Typer()
