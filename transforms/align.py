@@ -286,9 +286,11 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
     A card's ``_item`` (its catalog row, where the layout carries one) rides along as ``_visible_item``.
 
     A card is visible when >= ``visible_fraction`` of its height lies in the
-    viewport; such a card always has its midpoint in the viewport, so the
-    candidates are one contiguous range of cards sorted by midpoint, found by
-    binary search instead of a page-view x card cross join.
+    viewport. With a fraction of at least one half such a card has its midpoint
+    in the viewport; with less, its midpoint is at most half the tallest card
+    outside it. Either way the candidates are one contiguous range of cards
+    sorted by midpoint, found by binary search instead of a page-view x card
+    cross join, then checked exactly.
     """
     view = geometry.feed_viewport
     views = cards.filter(pl.col("rank") == 0).select("page_view_id", "_pv")
@@ -308,8 +310,11 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
         .with_columns((pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN).alias("_base"))
     )
     keys = cards["_key"]
-    lo = keys.search_sorted(feed["_base"] + 2 * feed["scroll_top"].cast(pl.Int64), side="left")
-    hi = keys.search_sorted(feed["_base"] + 2 * (feed["scroll_top"].cast(pl.Int64) + view), side="right")
+    # keys hold twice the midpoint; widen the window by the tallest card when a fraction < 1/2 counts
+    margin = 0 if geometry.visible_fraction >= 0.5 or cards.height == 0 else int(cards["height"].max())
+    top = feed["scroll_top"].cast(pl.Int64)
+    lo = keys.search_sorted(feed["_base"] + 2 * top - margin, side="left")
+    hi = keys.search_sorted(feed["_base"] + 2 * (top + view) + margin, side="right")
     candidates = feed.with_columns(pl.int_ranges(lo, hi).alias("_card")).explode("_card").drop_nulls("_card")
     candidates = pl.concat(  # the candidate cards' rows, by position: no join needed
         [candidates, cards.drop("_key").gather(candidates["_card"])],

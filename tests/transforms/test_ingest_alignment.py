@@ -86,3 +86,12 @@ def test_feed_layout_ranks_in_reading_order(lake):
 def test_items_split_category_levels(lake):
     item = read_table(lake, "items").filter(pl.col("item_id") == items(2)[0]).row(0, named=True)
     assert (item["category_l1"], item["category_l2"], item["category_l3"]) == ("Bags", "Totes", "Canvas")
+
+
+def test_a_smaller_visible_fraction_admits_partly_shown_cards(tmp_path):
+    # at top 0 itm-5 shows 560..693 = 133 px of 300: visible at 0.4 (>= 120 px), not at 0.5
+    settings = IngestSettings(geometry={"visible_fraction": 0.4})
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake", settings)
+    visible = read_table(tmp_path / "lake", "steps").sort("step")["visible_items"].to_list()
+    assert visible[0] == items(1, 2, 3, 4, 5)
