@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.validate import gate_task, quiet_tracebacks
 from transforms.catalog import refresh_catalog
 from transforms.config import IngestSettings
-from transforms.ingest import IngestResult, ingest_bundle
+from transforms.ingest import ingest_bundle
 from transforms.lake import table_files
 from transforms.readers import BundleError, bundle_fingerprint
 
@@ -114,11 +114,3 @@ def ingest_flow(
     summary["validation"] = {"run_id": gate["run_id"], "docs": gate["docs_index"]}
     record_run(lake, summary, bundle)
     return {**summary, "skipped": False}
-
-
-def as_result(summary: dict) -> IngestResult:
-    from transforms.ingest import TableCount
-
-    fields = {k: v for k, v in summary.items() if k in IngestResult.__dataclass_fields__}
-    fields["counts"] = {t: TableCount(**c) for t, c in summary["counts"].items()}
-    return IngestResult(**fields)
