@@ -1,14 +1,21 @@
 """Keyed pseudonyms for platform ids, and the user split derived from them.
 
 Each raw id becomes ``<prefix>_<16 hex>``: the first 64 bits of
-HMAC-SHA256(key, kind + "\\x1f" + raw id). Stable for a key, unlinkable to the
-platform id without it. The HMAC runs vectorised in DuckDB, once per *distinct*
-id; rows are mapped by a hash lookup (or per run, where a column comes in runs).
+SHA-256(key block || kind || "\\x1f" || raw id), where the key block is the key as one
+full 64-byte SHA-256 block (zero-padded; hashed first when longer). That is AMAC,
+the truncated keyed hash that Bellare, Bernstein and Tessaro prove a PRF ("Hash-function
+based PRFs: AMAC and its multi-user security", EUROCRYPT 2016): the key sets the
+chaining value no one else knows, and the truncation removes the state a
+length extension would need. An id of up to 47 bytes costs two SHA-256 blocks; HMAC costs four.
+Stable for a key, unlinkable to the platform id without it. The hash runs vectorised
+in DuckDB, once per *distinct* id; rows are mapped by a hash lookup (or per run,
+where a column comes in runs).
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import duckdb
 import polars as pl
@@ -18,25 +25,22 @@ import pyarrow.compute as pc
 PREFIXES: dict[str, str] = {"user": "u", "session": "s", "item": "i", "event": "e", "image": "m"}
 
 
-HMAC_BLOCK = 64  # SHA-256 block size in bytes
+SHA256_BLOCK = 64  # bytes
 
 
-def _hmac_pads(key: bytes) -> tuple[bytes, bytes]:
-    """RFC 2104 inner and outer padded keys."""
-    if len(key) > HMAC_BLOCK:
+def key_block(key: bytes) -> bytes:
+    """The key as exactly one SHA-256 block: zero-padded, or hashed first when longer."""
+    if len(key) > SHA256_BLOCK:
         key = hashlib.sha256(key).digest()
-    key = key.ljust(HMAC_BLOCK, b"\0")
-    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+    return key.ljust(SHA256_BLOCK, b"\0")
 
 
 def keyed_hex(values: pl.Series, key: bytes, kind: str) -> pl.DataFrame:
-    """``raw -> hex``: first 16 hex digits of HMAC-SHA256(key, kind \\x1f raw) per value."""
-    inner, outer = _hmac_pads(key)
+    """``raw -> hex``: first 16 hex digits of SHA-256(key block || kind \\x1f raw) per value."""
     frame = values.to_frame("raw")  # noqa: F841 - read by DuckDB's replacement scan
-    inner_hash = "unhex(sha256($inner::BLOB || encode($tag || raw)))"
-    sql = f"SELECT raw, substr(sha256($outer::BLOB || {inner_hash}), 1, 16) AS hex FROM frame"
+    sql = "SELECT raw, substr(sha256($key::BLOB || encode($tag || raw)), 1, 16) AS hex FROM frame"
     with duckdb.connect() as con:
-        return con.sql(sql, params={"outer": outer, "inner": inner, "tag": f"{kind}\x1f"}).pl()
+        return con.sql(sql, params={"key": key_block(key), "tag": f"{kind}\x1f"}).pl()
 
 
 #: raw id column -> id kind (lists are re-keyed element-wise)
@@ -59,19 +63,21 @@ class Pseudonymizer:
         self._secret = key.encode("utf-8")
         empty = pl.DataFrame(schema={"raw": pl.String, "key": pl.String})
         self._known: dict[str, pl.DataFrame] = dict.fromkeys(PREFIXES, empty)
+        self._learning = threading.Lock()
         # image refs are platform URLs/paths that often embed ids: keyed too unless told otherwise
         self._columns = ID_COLUMNS if keep_image_refs else {**ID_COLUMNS, "image": "image"}
 
     def mapping(self, values: pl.Series, kind: str) -> pl.DataFrame:
         """Frame ``raw -> key`` covering the distinct non-null values of ``values``."""
         distinct = values.drop_nulls().unique()
-        known = self._known[kind]
-        fresh = distinct.filter(~distinct.is_in(known["raw"].implode())) if known.height else distinct
-        if fresh.len():
-            hexes = keyed_hex(fresh, self._secret, kind)
-            keyed = hexes.select("raw", (pl.lit(f"{PREFIXES[kind]}_") + pl.col("hex")).alias("key"))
-            known = pl.concat([known, keyed])
-            self._known[kind] = known
+        with self._learning:  # threads (e.g. parallel readers) add to one cache, never over each other
+            known = self._known[kind]
+            fresh = distinct.filter(~distinct.is_in(known["raw"].implode())) if known.height else distinct
+            if fresh.len():
+                hexes = keyed_hex(fresh, self._secret, kind)
+                keyed = hexes.select("raw", (pl.lit(f"{PREFIXES[kind]}_") + pl.col("hex")).alias("key"))
+                known = pl.concat([known, keyed])
+                self._known[kind] = known
         return known
 
     def column(self, values: pl.Series, kind: str) -> pl.Series:
