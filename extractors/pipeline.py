@@ -51,7 +51,7 @@ from transforms.lake import (
     write_quarantine,
     write_table,
 )
-from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, RECORDS
+from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, RECORDS, polars_schema
 
 STAGE = "extract"
 PARTS = Path("_cache") / "extract-parts"
@@ -339,7 +339,7 @@ def rationales_frame(jobs: list[RationaleJob], outcomes: list[Outcome[RationaleA
 
 def _frame(rows: list[dict[str, Any]], schema: Any) -> pl.DataFrame:
     """Rows as a frame of ``schema``; columns the rows do not mention are null."""
-    empty = pl.from_arrow(schema.empty_table())
+    empty = polars_schema(schema).to_frame()
     if not rows:
         return empty
     known = {name: dtype for name, dtype in empty.schema.items() if name in rows[0]}

@@ -46,6 +46,12 @@ class IngestSettings(BaseSettings):
         ge=1,
         description="feed + event rows per ingest part (bounds memory; 1 part for small bundles)",
     )
+    memory_rows: int = Field(
+        8_000_000,
+        ge=0,
+        description="feed + event rows up to which the parts stay in memory (about 1 GiB); "
+        "larger bundles spill their parts to disk between the two passes",
+    )
     split_seed: int = 42
     split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
     zstd_level: int = 1  # zstd's fast end: ingest is write-heavy, the lake is read-many

@@ -50,7 +50,7 @@ from transforms.readers import (
     empty_rejects,
     empty_typed,
     estimated_rows,
-    read_chunks,
+    read_tables,
     reject_rows,
 )
 from transforms.rekey import ID_COLUMNS, PREFIXES, Pseudonymizer, bucket_of, keyed_hex, split_of
@@ -71,6 +71,7 @@ SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big file
 WRITER_QUEUE = 2  # jobs in flight in the writer thread (each holds about a part's frames)
 PART_SEED = 7  # hash seeds: any constants, the hashes never leave the run
 ID_SEED = 11
+ITEM_KEYED = ("item_id", "image")  # item columns keyed as they are read (see _keyed_items)
 WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
 
 
@@ -147,10 +148,12 @@ class Writer:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-writer")
         self.pending: deque[Future] = deque()
 
-    def submit(self, job: Callable[..., object], *args: object) -> None:
+    def submit(self, job: Callable[..., object], *args: object) -> Future:
         while len(self.pending) >= WRITER_QUEUE:
             self.pending.popleft().result()  # a failed job fails the run here
-        self.pending.append(self.pool.submit(job, *args))
+        future = self.pool.submit(job, *args)
+        self.pending.append(future)
+        return future
 
     def wait(self) -> None:
         while self.pending:
@@ -165,16 +168,21 @@ class Writer:
 class Spill:
     """Typed raw rows between the passes, by (table, part). Tables in ``on_disk`` are buffered up to
     ``SPILL_BUFFER_BYTES`` and written as few, big files under ``folder`` (by ``writer``); the others
-    stay in memory."""
+    stay in memory. A table's ``prepare`` step (adding columns) runs in the writer thread, while
+    pass 1 reads on."""
 
     folder: Path
     on_disk: set[str]
     writer: Writer
-    frames: dict[tuple[str, int], list[pl.DataFrame]] = field(default_factory=dict)
+    prepare: dict[str, Callable[[pl.DataFrame], pl.DataFrame]] = field(default_factory=dict)
+    frames: dict[tuple[str, int], list[pl.DataFrame | Future]] = field(default_factory=dict)
     buffered: int = 0
     files: int = 0
 
     def add(self, table: str, part: int, frame: pl.DataFrame) -> None:
+        if table in self.prepare and table not in self.on_disk:
+            self.frames.setdefault((table, part), []).append(self.writer.submit(self.prepare[table], frame))
+            return
         self.frames.setdefault((table, part), []).append(frame)
         if table in self.on_disk:
             self.buffered += frame.estimated_size()
@@ -186,7 +194,7 @@ class Spill:
         for (table, part), frames in list(self.frames.items()):
             if table in self.on_disk:
                 path = self.folder / table / f"part={part}" / f"{self.files:06d}.parquet"
-                batch.append((_stack(frames, table), path))
+                batch.append((_stack(frames, table), path, self.prepare.get(table)))
                 self.files += 1
                 del self.frames[(table, part)]
         self.buffered = 0
@@ -203,15 +211,20 @@ class Spill:
         in-memory copy."""
         if table not in self.on_disk:
             frames = self.frames.pop((table, part), []) if release else self.frames.get((table, part), [])
-            return _stack(frames, table).rechunk()
+            return _stack([f.result() if isinstance(f, Future) else f for f in frames], table).rechunk()
         files = sorted((self.folder / table / f"part={part}").glob("*.parquet"))
         return pl.read_parquet(files).rechunk() if files else empty_typed(table)
 
 
-def _write_spill(batch: list[tuple[pl.DataFrame, Path]]) -> None:
-    for frame, path in batch:
+Prepare = Callable[[pl.DataFrame], pl.DataFrame]
+
+
+def _write_spill(batch: list[tuple[pl.DataFrame, Path, Prepare | None]]) -> None:
+    # uncompressed: the spill is read once, soon; compressing it costs more CPU than the disk saves
+    for frame, path, prepare in batch:
         path.parent.mkdir(parents=True, exist_ok=True)
-        frame.write_parquet(path, compression="zstd", compression_level=1, statistics=False)
+        frame = prepare(frame) if prepare else frame
+        frame.write_parquet(path, compression="uncompressed", statistics=False)
 
 
 def _stack(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:
@@ -269,14 +282,15 @@ class Raw:
 
 
 def _plan(root: Path, settings: IngestSettings, run: Run) -> Raw:
-    """Parts from the bundle's size: 1 for small bundles (all in memory), more for big ones."""
+    """Parts from the bundle's size: 1 for small bundles, more for big ones; the parts of bundles
+    beyond ``memory_rows`` are spilled to disk."""
     per_part = spill_part_rows(settings)
     rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
     parts = max(1, -(-rows // per_part))
-    on_disk = {"events", "feeds"} if parts > 1 else set()
+    on_disk = {"events", "feeds"} if parts > 1 and rows > settings.memory_rows else set()
     if estimated_rows(root, "items") > read_chunk_rows(settings):  # several chunks: park them on disk
         on_disk.add("items")
-    return Raw(Spill(run.spill, on_disk, run.writer), parts)
+    return Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts)
 
 
 def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
@@ -284,17 +298,16 @@ def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer,
     raw = _plan(root, settings, run)
     for name in RAW_TABLES:
         raw.reads[name] = TableRead(name, pl.DataFrame(), empty_rejects(), 0)
-        for chunk in read_chunks(
-            root, name, settings.timestamp_unit, pseudonymize, read_chunk_rows(settings)
-        ):
-            raw.add(chunk)
+    chunks = read_tables(root, RAW_TABLES, settings.timestamp_unit, pseudonymize, read_chunk_rows(settings))
+    for chunk in chunks:
+        raw.add(chunk)
     raw.spill.finish()
     return raw
 
 
-def from_tables(tables: dict[str, TableRead], run: Run) -> Raw:
+def from_tables(tables: dict[str, TableRead], settings: IngestSettings, run: Run) -> Raw:
     """An already-read bundle (the UserArena release) as one in-memory part."""
-    raw = Raw(Spill(run.spill, set(), run.writer), 1)
+    raw = Raw(Spill(run.spill, set(), run.writer, _preparations(settings)), 1)
     for name in RAW_TABLES:
         raw.reads[name] = TableRead(name, pl.DataFrame(), empty_rejects(), 0)
         raw.add(tables[name])
@@ -344,12 +357,13 @@ def settle(
 
 @dataclass
 class Catalog:
-    """Accepted items sorted by a hash of ``item_id``: a part finds its items by binary search,
-    never by building a hash table over the whole catalog (which grows with the bundle)."""
+    """Accepted items, as they came, with a 64-bit hash of ``item_id`` that is unique over the
+    catalog (another seed is taken on a collision). A part finds its items by an integer join on
+    the hash, and the ids themselves are compared after it."""
 
-    frame: pl.DataFrame  # _h (sorted, unique), item_id, title, top_category, review_count
+    frame: pl.DataFrame  # item_id, title, top_category, review_count, _h
     seed: int
-    order: pl.Series  # frame row -> row of the items as they came
+    rows: pl.DataFrame  # _h -> _pos (row in ``frame``)
     keys: pl.Series = field(default_factory=lambda: pl.Series(dtype=pl.String))  # pseudonyms, frame order
 
     @classmethod
@@ -357,13 +371,14 @@ class Catalog:
         hashes = items.select(pl.col("item_id").hash(seed)).to_series()
         if hashes.n_unique() < items.height:  # ids are unique here, so another seed separates them
             return cls.build(items, seed + 1)
-        order = hashes.arg_sort()
         # one chunk per column: gathers over many chunks cost a chunk lookup per row
-        return cls(items.with_columns(hashes.alias("_h")).gather(order).rechunk(), seed, order)
+        frame = items.with_columns(hashes.alias("_h")).rechunk()
+        rows = frame.select("_h", pl.int_range(pl.len(), dtype=pl.get_index_type()).alias("_pos"))
+        return cls(frame, seed, rows)
 
     def attach(self, keys: list[pl.Series]) -> None:
-        """The pseudonyms of the items as they came (chunk by chunk), put in ``frame`` order."""
-        self.keys = pl.concat([pl.Series(dtype=pl.String), *keys]).gather(self.order).rechunk()
+        """The pseudonyms of the items, chunk by chunk as they came (``frame`` order)."""
+        self.keys = pl.concat([pl.Series(dtype=pl.String), *keys]).rechunk()
 
     def index(self, ids: pl.Series) -> pl.Series:
         """Row of each id in ``frame``; null where the id is missing or not in the catalog."""
@@ -374,10 +389,8 @@ class Catalog:
             found = self.index(ids.filter(present))
             nulls = pl.repeat(None, ids.len(), dtype=found.dtype, eager=True).alias(ids.name)
             return nulls.scatter(present.arg_true(), found)
-        hashes = ids.hash(self.seed)
-        order = hashes.arg_sort()  # sorted probes walk the catalog in order: cache-friendly at any size
-        found = self.frame["_h"].search_sorted(hashes.gather(order)).clip(upper_bound=self.frame.height - 1)
-        pos = pl.zeros(ids.len(), dtype=found.dtype, eager=True).scatter(order, found)
+        probes = ids.hash(self.seed).to_frame("_h")
+        pos = probes.join(self.rows, on="_h", how="left", maintain_order="left")["_pos"]
         same = self.frame["item_id"].gather(pos) == ids  # the id itself decides, not its hash
         return pl.select(pl.when(same).then(pos)).to_series().alias(ids.name)
 
@@ -411,13 +424,33 @@ def items_pass(
         rows, bad = align.check_prices(settled.apply(raw.spill.read("items", n)), chunk_keys)
         rejects.append(bad)
         items = align.build_items(rows)
-        keyed = pseudonyms(_outputs(items, "items"), settings, chunk_keys)
+        keyed = _with_pseudonyms(items, settings, chunk_keys)
         run.write("items", keyed, n)
         pieces.append(_catalog_rows(items, named))
         keys.append(keyed["item_id"])
     catalog = Catalog.build(pl.concat([_catalog_rows(empty_typed("items"), named), *pieces]))
     catalog.attach(keys)
     return catalog, rejects, settled.duplicates
+
+
+def _preparations(settings: IngestSettings) -> dict[str, Callable[[pl.DataFrame], pl.DataFrame]]:
+    return {"items": lambda frame: _keyed_items(frame, settings)}
+
+
+def _keyed_items(frame: pl.DataFrame, settings: IngestSettings) -> pl.DataFrame:
+    """Item rows with the pseudonyms of their id and image columns beside the raw values
+    (``_keyed_<column>``): one HMAC per row, run in the writer thread while pass 1 reads on."""
+    columns = [c for c in ITEM_KEYED if c in frame.columns]
+    keys = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
+    keyed = pseudonyms(frame.select(columns), settings, keys)
+    return frame.with_columns(keyed.select(pl.all().name.prefix("_keyed_")))
+
+
+def _with_pseudonyms(items: pl.DataFrame, settings: IngestSettings, keys: Pseudonymizer) -> pl.DataFrame:
+    """The items' lake columns, ids keyed (by ``_keyed_items`` where it ran)."""
+    ready = tuple(c for c in ITEM_KEYED if f"_keyed_{c}" in items.columns)
+    items = items.with_columns(pl.col(f"_keyed_{c}").alias(c) for c in ready)
+    return pseudonyms(_outputs(items, "items"), settings, keys, done=ready)
 
 
 def _catalog_rows(items: pl.DataFrame, named: pl.Series) -> pl.DataFrame:
@@ -725,7 +758,7 @@ def _read(
 ) -> tuple[Raw, dict[str, int]]:
     if source_format == "userarena":
         tables, notes = read_userarena(raw, settings.timestamp_unit, pseudonymize)
-        return from_tables(tables, run), notes
+        return from_tables(tables, settings, run), notes
     if source_format == "bundle":
         return read_pass(check_bundle(raw), settings, pseudonymize, run), {}
     raise ValueError(f"unknown source format {source_format!r}: expected bundle or userarena")

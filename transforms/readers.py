@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from transforms.schemas import OPTIONAL_TABLES, RAW_REQUIRED, RAW_TABLES
+from transforms.schemas import OPTIONAL_TABLES, RAW_REQUIRED, RAW_TABLES, polars_schema
 
 SUFFIXES: dict[str, str] = {
     ".parquet": "parquet",
@@ -340,7 +342,7 @@ def _coerce_nested(series: pl.Series, name: str, target: pa.DataType) -> tuple[p
 
 @cache
 def _target_dtypes(table: str) -> dict[str, pl.DataType]:
-    return dict(pl.from_arrow(RAW_TABLES[table].empty_table()).schema)
+    return dict(polars_schema(RAW_TABLES[table]))
 
 
 def coerce(
@@ -529,6 +531,45 @@ def read_chunks(
             yield TableRead(table, good, bad, n, [rel], naive)
 
 
+def read_tables(
+    root: Path,
+    tables: Sequence[str],
+    unit: str,
+    pseudonymize: Pseudonymize | None,
+    chunk_rows: int,
+    workers: int = 2,
+) -> Iterator[TableRead]:
+    """``read_chunks`` of each table in turn, in the same order, with ``workers`` chunks read and
+    typed ahead in threads (a Parquet row group decodes on one core): at most ``workers + 1``
+    chunks are in memory at once."""
+    tasks = (
+        (path, table, rows)
+        for table in tables
+        for path in sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix())
+        for rows in row_ranges(path, chunk_rows)
+    )
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="read") as pool:
+        ahead: deque[Future[TableRead]] = deque()
+        for path, table, rows in tasks:
+            ahead.append(pool.submit(_read_chunk, path, root, table, unit, pseudonymize, rows))
+            if len(ahead) > workers:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
+def _read_chunk(
+    path: Path,
+    root: Path,
+    table: str,
+    unit: str,
+    pseudonymize: Pseudonymize | None,
+    rows: tuple[int, int] | None,
+) -> TableRead:
+    good, bad, n, naive = _read_rows(path, root, table, unit, pseudonymize, rows)
+    return TableRead(table, good, bad, n, [path.relative_to(root).as_posix()], naive)
+
+
 def estimated_rows(root: Path, table: str) -> int:
     """Rows of a table from Parquet footers, else from file sizes (enough to choose a part count)."""
     total = 0
@@ -567,7 +608,7 @@ def read_table(
     files = table_files(root, table)
     if not files:
         if table in OPTIONAL_TABLES:
-            empty = pl.from_arrow(RAW_TABLES[table].empty_table()).with_columns(
+            empty = polars_schema(RAW_TABLES[table]).to_frame().with_columns(
                 pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
             )
             return TableRead(table, empty.clear(), empty_rejects(), 0)
@@ -588,7 +629,8 @@ def read_table(
 
 def empty_typed(table: str) -> pl.DataFrame:
     return (
-        pl.from_arrow(RAW_TABLES[table].empty_table())
+        polars_schema(RAW_TABLES[table])
+        .to_frame()
         .with_columns(
             pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
         )

@@ -49,7 +49,7 @@ from transforms.prompts.render import (
     system_prompt,
     window_header,
 )
-from transforms.schemas import PROFILE_FIELDS, RECORDS, SCROLL_ACTIONS
+from transforms.schemas import PROFILE_FIELDS, RECORDS, SCROLL_ACTIONS, polars_schema
 
 MODES: tuple[str, ...] = ("single", "cross")
 STR = pl.String  # text columns are built as Polars strings, cast to the schema on write
@@ -747,7 +747,7 @@ def write_records(
                     if built.height:
                         _write_part(built, staged, f"part-{file_no}-{chunk_no}-{mode}.parquet", zstd_level)
         if summary.records == 0:
-            write_table(lake, "records", pl.DataFrame(schema=pl.from_arrow(RECORDS.empty_table()).schema))
+            write_table(lake, "records", polars_schema(RECORDS).to_frame())
         else:
             swap_into_place(staged, table_dir(lake, "records"))
     finally:

@@ -6,6 +6,7 @@ suites and docs are generated from them. Timestamps are UTC milliseconds.
 
 from __future__ import annotations
 
+import polars as pl
 import pyarrow as pa
 
 # --- the behavioural vocabulary (PROTOCOL.md §1) ---------------------------
@@ -360,3 +361,8 @@ LAKE_TABLES: dict[str, pa.Schema] = {
 }
 # Tables partitioned by user bucket (hive layout bucket=K/); the rest are single files.
 PARTITIONED: tuple[str, ...] = ("steps", "sessions", "feed_layouts", "records")
+
+
+def polars_schema(schema: pa.Schema) -> pl.Schema:
+    """The Polars form of a declared Arrow schema (straight from the schema: no table, no pandas)."""
+    return pl.Schema(schema)

@@ -1,7 +1,8 @@
 """The partitioned ingest: a run forced into several parts gives the lake of a one-part run.
 
-Parts are chosen from the bundle's size (``spill_part_rows`` feed + event rows per part); a
-settings subclass with a tiny value forces the spill on bundles small enough to check by hand.
+Parts are chosen from the bundle's size (``spill_part_rows`` feed + event rows per part) and spilled
+to disk beyond ``memory_rows``; settings subclasses with tiny values force the parts and the spill on
+bundles small enough to check by hand.
 Rows are compared as sets (sorted): parts change which file a row lands in, never the row.
 """
 
@@ -16,6 +17,7 @@ import pytest
 
 from synthetic.bundle import write_bundle as write_synthetic
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
+from transforms import ingest as ingest_module
 from transforms import lake as lake_io
 from transforms.config import IngestSettings
 from transforms.ingest import _part_of, ingest_bundle
@@ -27,8 +29,13 @@ PARTS = 3
 
 
 class ThreeParts(IngestSettings):
-    # cross_part_bundle: 27 events + 33 feed cards = 60 rows -> ceil(60 / 20) = 3 parts
+    # cross_part_bundle: 27 events + 33 feed cards = 60 rows -> ceil(60 / 20) = 3 parts, on disk
     spill_part_rows: int = 20
+    memory_rows: int = 0
+
+
+class ThreePartsInMemory(ThreeParts):
+    memory_rows: int = 60  # the same parts, kept in memory between the passes
 
 
 def part_of(page_view: str, parts: int = PARTS) -> int:
@@ -94,12 +101,23 @@ def _ingest_both(raw: Path, tmp_path: Path, settings: IngestSettings):
     return single, parted
 
 
-def test_cross_part_faults_give_the_one_part_lake(tmp_path):
+@pytest.mark.parametrize("settings", [ThreeParts(), ThreePartsInMemory()], ids=["on-disk", "in-memory"])
+def test_cross_part_faults_give_the_one_part_lake(tmp_path, monkeypatch, settings):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
-    single, parted = _ingest_both(tmp_path / "raw", tmp_path, ThreeParts())
-    # several part files per bucket prove the spill ran (a one-part run writes part-0 only)
+    spilled: list[Path] = []
+    real_spill = ingest_module._write_spill
+
+    def spy(batch):
+        spilled.extend(path for _, path, _ in batch)
+        real_spill(batch)
+
+    monkeypatch.setattr(ingest_module, "_write_spill", spy)
+    single, parted = _ingest_both(tmp_path / "raw", tmp_path, settings)
+    # several part files per bucket prove the parts ran (a one-part run writes part-0 only)
     written = {p.name for p in table_files(tmp_path / "many", "feed_layouts")}
     assert written == {"part-0.parquet", "part-1.parquet", "part-2.parquet"}
+    spilled_parts = {path.parent.name for path in spilled}
+    assert spilled_parts == ({"part=0", "part=1", "part=2"} if settings.memory_rows == 0 else set())
     _same_lakes(tmp_path / "one", tmp_path / "many")
     assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
     assert parted.quarantine_by_reason == single.quarantine_by_reason
@@ -131,6 +149,7 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
 
     class ManyParts(IngestSettings):
         spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> on disk
+        memory_rows: int = 0
 
     single, parted = _ingest_both(raw, tmp_path, ManyParts())
     _same_lakes(tmp_path / "one", tmp_path / "many")
