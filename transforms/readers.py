@@ -378,15 +378,19 @@ def coerce(
     typed = {
         f.name: pl.col(f"_typed_{f.name}" if f"_typed_{f.name}" in frame.columns else f.name) for f in schema
     }
-    tagged = frame.with_columns(_reject_reason(schema, table, typed, bad_type))
+    reason, detail = _reject_reason(schema, table, typed, bad_type)
+    tagged = frame.with_columns(reason.alias("_reason"))
     declared = [f.name for f in schema]
     extras = (
         [c for c in loose.columns if c not in declared and not c.startswith("_")]
         if table == "profiles"
         else []
     )
-    clean = tagged["_reason"].null_count() == tagged.height  # the common case: no filtering needed
-    rejected = tagged.clear() if clean else tagged.filter(pl.col("_reason").is_not_null())
+    clean = tagged["_reason"].null_count() == tagged.height  # the common case: nothing to reject
+    outputs = [typed[c].alias(c) for c in declared] + [pl.col(c).cast(pl.String) for c in extras]
+    if clean:
+        return tagged.select([*outputs, *LOCATORS]), empty_rejects(), naive
+    rejected = tagged.filter(pl.col("_reason").is_not_null()).with_columns(detail.alias("_detail"))
     rejects = reject_rows(
         table,
         rejected.select([*declared, *extras, *LOCATORS]),
@@ -394,16 +398,14 @@ def coerce(
         rejected["_detail"],
         pseudonymize,
     )
-    good = (tagged if clean else tagged.filter(pl.col("_reason").is_null())).select(
-        [typed[c].alias(c) for c in declared] + [pl.col(c).cast(pl.String) for c in extras] + list(LOCATORS)
-    )
-    return good, rejects, naive
+    return tagged.filter(pl.col("_reason").is_null()).select([*outputs, *LOCATORS]), rejects, naive
 
 
 def _reject_reason(
     schema: pa.Schema, table: str, typed: dict[str, pl.Expr], bad_type: dict[str, pl.Expr]
-) -> list[pl.Expr]:
-    """``_reason`` and ``_detail`` per row: first failing check wins (type, size, NUL, required)."""
+) -> tuple[pl.Expr, pl.Expr]:
+    """The reason and detail expressions of a row: first failing check wins (type, size, NUL,
+    required)."""
     strings = [typed[f.name] for f in schema if pa.types.is_string(f.type)]
     required = RAW_REQUIRED[table]
     mistyped = pl.any_horizontal(list(bad_type.values())) if bad_type else pl.lit(False)
@@ -443,7 +445,7 @@ def _reject_reason(
             )
         )
     )
-    return [reason.alias("_reason"), detail.alias("_detail")]
+    return reason, detail
 
 
 def read_file(
@@ -521,14 +523,54 @@ def row_ranges(path: Path, chunk_rows: int) -> list[tuple[int, int] | None]:
 def read_chunks(
     root: Path, table: str, unit: str, pseudonymize: Pseudonymize | None, chunk_rows: int
 ) -> Iterator[TableRead]:
-    """The table as a stream of typed chunks, files in ``_file`` order, each at most one file or
-    about ``chunk_rows`` rows of one Parquet file: memory is bounded by the chunk, not the table."""
-    files = sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix())
-    for path in files:
-        rel = path.relative_to(root).as_posix()
-        for rows in row_ranges(path, chunk_rows):
-            good, bad, n, naive = _read_rows(path, root, table, unit, pseudonymize, rows)
-            yield TableRead(table, good, bad, n, [rel], naive)
+    """The table as a stream of typed chunks (``chunk_plan``), files in ``_file`` order, each about
+    ``chunk_rows`` rows at most: memory is bounded by the chunk, not the table."""
+    for chunk in chunk_plan(root, table, chunk_rows):
+        yield read_chunk(root, chunk, unit, pseudonymize)
+
+
+@dataclass
+class Chunk:
+    """What one read covers: a row range of one file, or several small Parquet files whole."""
+
+    table: str
+    paths: list[Path]
+    rows: tuple[int, int] | None = None
+
+
+def chunk_plan(root: Path, table: str, chunk_rows: int) -> list[Chunk]:
+    """The table's chunks in ``_file`` order: big Parquet files by row groups (``row_ranges``);
+    consecutive small ones together up to ``chunk_rows`` rows (daily part files are typical, and
+    every read has a fixed cost); other formats one file each."""
+    chunks: list[Chunk] = []
+    small: list[Path] = []
+    small_rows = 0
+    for path in sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
+        rows = _parquet_rows(path)
+        if rows is not None and rows <= chunk_rows:
+            if small and small_rows + rows > chunk_rows:
+                chunks.append(Chunk(table, small))
+                small, small_rows = [], 0
+            small.append(path)
+            small_rows += rows
+            continue
+        if small:
+            chunks.append(Chunk(table, small))
+            small, small_rows = [], 0
+        chunks += [Chunk(table, [path], rows) for rows in row_ranges(path, chunk_rows)]
+    if small:
+        chunks.append(Chunk(table, small))
+    return chunks
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """Rows of a Parquet file from its footer; None for other formats and unreadable footers."""
+    if file_format(path) != "parquet":
+        return None
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:
+        return None
 
 
 def read_tables(
@@ -542,32 +584,50 @@ def read_tables(
     """``read_chunks`` of each table in turn, in the same order, with ``workers`` chunks read and
     typed ahead in threads (a Parquet row group decodes on one core): at most ``workers + 1``
     chunks are in memory at once."""
-    tasks = (
-        (path, table, rows)
-        for table in tables
-        for path in sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix())
-        for rows in row_ranges(path, chunk_rows)
-    )
+    chunks = (chunk for table in tables for chunk in chunk_plan(root, table, chunk_rows))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="read") as pool:
         ahead: deque[Future[TableRead]] = deque()
-        for path, table, rows in tasks:
-            ahead.append(pool.submit(_read_chunk, path, root, table, unit, pseudonymize, rows))
+        for chunk in chunks:
+            ahead.append(pool.submit(read_chunk, root, chunk, unit, pseudonymize))
             if len(ahead) > workers:
                 yield ahead.popleft().result()
         while ahead:
             yield ahead.popleft().result()
 
 
-def _read_chunk(
-    path: Path,
-    root: Path,
-    table: str,
-    unit: str,
-    pseudonymize: Pseudonymize | None,
-    rows: tuple[int, int] | None,
-) -> TableRead:
-    good, bad, n, naive = _read_rows(path, root, table, unit, pseudonymize, rows)
-    return TableRead(table, good, bad, n, [path.relative_to(root).as_posix()], naive)
+def read_chunk(root: Path, chunk: Chunk, unit: str, pseudonymize: Pseudonymize | None) -> TableRead:
+    """One chunk, typed. Several files are read as one frame when their schemas agree (the typing is
+    row by row, so the result is the files' own); otherwise, or when any of them fails, file by file."""
+    rels = [p.relative_to(root).as_posix() for p in chunk.paths]
+    if len(chunk.paths) > 1:
+        try:
+            loose = _loose_parquet_files(chunk.paths, root)
+        except Exception:
+            pass  # read one by one below: each file gets its own reader and its own error
+        else:
+            good, bad, naive = coerce(loose, chunk.table, unit, pseudonymize)
+            return TableRead(chunk.table, good, bad, loose.height, rels, naive)
+    reads = [_read_rows(path, root, chunk.table, unit, pseudonymize, chunk.rows) for path in chunk.paths]
+    frames = [good for good, _, _, _ in reads if good.width]
+    return TableRead(
+        chunk.table,
+        pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame(),
+        pl.concat([bad for _, bad, _, _ in reads]),
+        sum(n for _, _, n, _ in reads),
+        rels,
+        sum(naive for _, _, _, naive in reads),
+    )
+
+
+def _loose_parquet_files(paths: list[Path], root: Path) -> pl.DataFrame:
+    """Parquet files with one schema as one frame, each row with its file and row locator."""
+    frame = pl.scan_parquet(paths, hive_partitioning=False, include_file_paths="_path").collect()
+    rels = {str(p): p.relative_to(root).as_posix() for p in paths}
+    # a path the scan spells otherwise fails here, and the files are read one by one instead
+    rel = pl.col("_path").replace_strict(rels, return_dtype=pl.String)
+    return frame.with_columns(
+        rel.alias("_file"), pl.int_range(pl.len(), dtype=pl.Int64).over("_path").alias("_row")
+    ).drop("_path")
 
 
 def estimated_rows(root: Path, table: str) -> int:
