@@ -560,15 +560,16 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         .group_by("session_id", maintain_order=True)
         .agg(pl.col("_top").first().alias("_shown_top"))
     )
-    geometry = layout.group_by("_pv").agg(  # _pv: the integer view number of layouts()
-        pl.col("session_id").first(),
-        pl.len().cast(pl.Int32).alias("feed_items"),
-        pl.col("feed_height").max().alias("feed_height"),
+    # layouts() keeps each view's cards together, rank 0 first, with the view's feed_height on all
+    geometry = layout.filter(pl.col("rank") == 0).select(
+        "session_id",
+        layout["_pv"].rle().struct.field("len").cast(pl.Int32).alias("feed_items"),
+        "feed_height",
     )
     return (
         sessions.join(clicked, on="session_id", how="left")
         .join(shown, on="session_id", how="left")
-        .join(geometry.drop("_pv"), on="session_id", how="left")
+        .join(geometry, on="session_id", how="left")
         .with_columns(
             pl.col("categories").fill_null(pl.lit([], dtype=pl.List(pl.String))),
             pl.coalesce("_clicked_top", "_shown_top").alias("top_category"),

@@ -71,6 +71,7 @@ SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big file
 WRITER_QUEUE = 2  # jobs in flight in the writer thread (each holds about a part's frames)
 PART_SEED = 7  # hash seeds: any constants, the hashes never leave the run
 ID_SEED = 11
+REPEAT_PROBE_ROWS = 10_000  # rows of a column that tell whether its values repeat
 ITEM_KEYED = ("item_id", "image")  # item columns keyed as they are read (see _keyed_items)
 WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
 
@@ -439,7 +440,7 @@ def _preparations(settings: IngestSettings) -> dict[str, Callable[[pl.DataFrame]
 
 def _keyed_items(frame: pl.DataFrame, settings: IngestSettings) -> pl.DataFrame:
     """Item rows with the pseudonyms of their id and image columns beside the raw values
-    (``_keyed_<column>``): one HMAC per row, run in the writer thread while pass 1 reads on."""
+    (``_keyed_<column>``): one keyed hash per row, run in the writer thread while pass 1 reads on."""
     columns = [c for c in ITEM_KEYED if c in frame.columns]
     keys = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
     keyed = pseudonyms(frame.select(columns), settings, keys)
@@ -574,9 +575,11 @@ def _item_keys(values: pl.Series, catalog: Catalog, pseudonymize: Pseudonymizer)
 
 
 def _hashed(values: pl.Series, kind: str, settings: IngestSettings, pseudonymize: Pseudonymizer) -> pl.Series:
-    """Ids that hardly repeat (item ids, image refs) HMAC'd straight through: the keys of
-    ``pseudonymize.column`` without its per-distinct lookups, which cost more than the HMAC here."""
-    if values.n_unique() * 2 < values.len():
+    """Ids that hardly repeat (item ids, image refs) hashed straight through: the keys of
+    ``pseudonymize.column`` without its per-distinct lookups, which cost more than the hash here.
+    A column whose head repeats (e.g. one placeholder image everywhere) goes per distinct value."""
+    head = values.head(REPEAT_PROBE_ROWS)
+    if head.n_unique() * 2 < head.len():
         return pseudonymize.column(values, kind)
     hexes = keyed_hex(values, settings.rekey_key.encode("utf-8"), kind)
     if not hexes["raw"].equals(values, check_names=False):  # DuckDB keeps row order; never trust blindly
@@ -618,14 +621,22 @@ def _views(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> pl.DataFram
     return views.with_columns(pseudonymize.column(views["session_id"], "session").alias("_session"))
 
 
+def _with_view_columns(layout: pl.DataFrame, views: pl.DataFrame) -> pl.DataFrame:
+    """``views``' columns on every card of the view. ``layouts`` keeps each view's cards together
+    with its rank-0 card first, so the view of card k is a run number: a gather, not a join."""
+    first_cards = layout.filter(pl.col("rank") == 0).select("session_id")
+    per_view = first_cards.join(views, on="session_id", how="left", maintain_order="left")
+    runs = layout.select(pl.col("_pv").rle_id()).to_series()
+    if runs.len() and (runs[-1] + 1 != per_view.height or per_view["_session"].null_count()):
+        raise AssertionError("feed layout rows are not grouped by page view, one session each")
+    return pl.concat([layout.drop("session_id"), per_view.gather(runs)], how="horizontal")
+
+
 def key_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> dict[str, pl.DataFrame]:
     """The part's lake rows: pseudonyms, split and bucket (sessions keyed once per page view, then
     joined; feed cards through their integer view number ``_pv``)."""
     views = _views(part, ctx, pseudonymize)
-    first_cards = part.layout.filter(pl.col("rank") == 0).select("_pv", "session_id")
-    layout = part.layout.drop("session_id").join(
-        first_cards.join(views, on="session_id"), on="_pv", how="inner", maintain_order="left"
-    )
+    layout = _with_view_columns(part.layout, views)
     layout = layout.with_columns(ctx.catalog.keys.gather(layout["_item"]).alias("item_id"))
     by_view = {"how": "left", "maintain_order": "left", "on": "session_id"}
     steps = part.steps.drop("user_id").join(views, **by_view)
