@@ -2,14 +2,16 @@
 
     python bench/ingest.py                   # 11,010 users (UserArena scale)
     python bench/ingest.py --scale 10        # 110,100 users
-    python bench/ingest.py --variants ingest,floor
+    python bench/ingest.py --variants ingest,floor --repeat 5
 
 Variants, each run in its own process so peak RSS is its own:
 - ``ingest``: ``transforms.ingest.ingest_bundle`` (readers, checks, alignment, lake writes);
 - ``pandas``: a straightforward pandas implementation of the same step alignment,
   one ``groupby(...).apply`` per session (the baseline a first version would write);
-- ``floor``: read the same raw bundle and write Parquet of the same size with no
-  transformation — the I/O cost nothing can beat.
+- ``floor``: read the same raw bundle and write as many bytes of zstd Parquet as the ingest
+  wrote, with no transformation (the raw tables, then leading feed rows again up to the size),
+  with Arrow's reader and writer (``pyarrow.parquet``);
+- ``floor-polars``: the same copy with Polars' reader and writer, for comparison.
 
 Each variant imports its libraries before its clock starts (``IMPORTS``).
 
@@ -36,27 +38,56 @@ from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's 
 VIEWPORT = 693
 
 
-def run_ingest(raw: Path, out: Path) -> int:
+RAW_TABLES = ("profiles", "items", "feeds", "events", "history")
+
+
+def run_ingest(raw: Path, out: Path, target_bytes: int) -> int:
     from transforms.ingest import ingest_bundle
 
     result = ingest_bundle(raw, out)
     return result.counts["events"].rows_in
 
 
-def run_floor(raw: Path, out: Path) -> int:
-    """Read every raw table and write it back as zstd Parquet: no checks, no alignment."""
+def run_floor(raw: Path, out: Path, target_bytes: int) -> int:
+    """Arrow's reader and writer: every raw table read and written back as zstd Parquet, no checks,
+    no alignment, then feed rows again until the output has ``target_bytes`` (the ingest's size)."""
     import pyarrow.parquet as pq
 
-    rows = 0
-    for table in ("profiles", "items", "feeds", "events", "history"):
-        data = pq.read_table(raw / table)
-        out.mkdir(parents=True, exist_ok=True)
-        pq.write_table(data, out / f"{table}.parquet", compression="zstd")
-        rows += data.num_rows if table == "events" else 0
-    return rows
+    def write(table, path: Path) -> None:
+        pq.write_table(table, path, compression="zstd")
+
+    tables = {name: pq.read_table(raw / name) for name in RAW_TABLES}
+    return _copy(tables, out, target_bytes, write, lambda table, rows: table.slice(0, rows))
 
 
-def run_pandas(raw: Path, out: Path) -> int:
+def run_floor_polars(raw: Path, out: Path, target_bytes: int) -> int:
+    """The same copy with Polars' reader and writer."""
+    import polars as pl
+
+    def write(frame, path: Path) -> None:
+        frame.write_parquet(path, compression="zstd", compression_level=1)
+
+    tables = {name: pl.read_parquet(raw / name) for name in RAW_TABLES}
+    return _copy(tables, out, target_bytes, write, lambda frame, rows: frame.slice(0, rows))
+
+
+def _copy(tables: dict, out: Path, target_bytes: int, write, head) -> int:
+    """Write ``tables``, then pad with leading feed rows up to ``target_bytes`` of output."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in tables.items():
+        write(table, out / f"{name}.parquet")
+    feeds, written = tables["feeds"], sum(p.stat().st_size for p in out.glob("*.parquet"))
+    bytes_per_row = (out / "feeds.parquet").stat().st_size / max(len(feeds), 1)
+    pad = 0
+    while target_bytes - written > 1 << 20:  # within a MiB is the same size
+        rows = int((target_bytes - written) / bytes_per_row)
+        path = out / f"pad-{pad}.parquet"
+        write(head(feeds, rows), path)
+        written, pad = written + path.stat().st_size, pad + 1
+    return len(tables["events"])
+
+
+def run_pandas(raw: Path, out: Path, target_bytes: int) -> int:
     """The same alignment written the direct way: a Python function applied per session."""
     import pandas as pd
 
@@ -114,19 +145,24 @@ def run_pandas(raw: Path, out: Path) -> int:
     return len(events)
 
 
-VARIANTS = {"ingest": run_ingest, "pandas": run_pandas, "floor": run_floor}
+VARIANTS = {"ingest": run_ingest, "pandas": run_pandas, "floor": run_floor, "floor-polars": run_floor_polars}
 #: modules each variant imports before its clock starts: interpreter and library start-up is the
 #: same for any bundle size, so the timings compare the work on the data alone
-IMPORTS = {"ingest": ("transforms.ingest",), "pandas": ("pandas",), "floor": ("pyarrow.parquet",)}
+IMPORTS = {
+    "ingest": ("transforms.ingest",),
+    "pandas": ("pandas",),
+    "floor": ("pyarrow.parquet",),
+    "floor-polars": ("polars",),
+}
 
 
-def child(variant: str, raw: Path, out: Path) -> None:
+def child(variant: str, raw: Path, out: Path, target_bytes: int) -> None:
     for module in IMPORTS[variant]:
         importlib.import_module(module)
     load = os.getloadavg()[0]
     cpu_before = _cpu_seconds()
     started = time.perf_counter()
-    rows = VARIANTS[variant](raw, out)
+    rows = VARIANTS[variant](raw, out, target_bytes)
     wall = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {"variant": variant, "wall_s": wall, "rows": rows, "peak_rss_mib": peak}
@@ -152,17 +188,19 @@ def summarize(runs: list[dict]) -> dict:
     return median
 
 
-def measure(variant: str, raw: Path, work: Path) -> dict:
+def measure(variant: str, raw: Path, work: Path, target_bytes: int = 0) -> dict:
     out = work / f"out-{variant}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
+    command = [sys.executable, __file__, "--child", variant, "--raw", str(raw), "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", variant, "--raw", str(raw), "--out", str(out)],
+        [*command, "--target-bytes", str(target_bytes)],
         check=True,
         capture_output=True,
         text=True,
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["output_mib"] = sum(p.stat().st_size for p in out.rglob("*.parquet")) / 2**20
+    result["output_bytes"] = sum(p.stat().st_size for p in out.rglob("*.parquet"))
+    result["output_mib"] = result["output_bytes"] / 2**20
     return result
 
 
@@ -198,10 +236,11 @@ def report(results: list[dict], users: int, generate_s: float, command: str) -> 
             f"{r['cpu_s']:.1f} | {r['load']:.1f} | {r['rows']:,} | {r['rows'] / r['wall_s']:,.0f} | "
             f"{r['peak_rss_mib']:.0f} | {r['output_mib']:.1f} |"
         )
-    if "ingest" in by and "floor" in by:
-        lines.append(
-            f"\ningest / floor = {by['ingest']['wall_s'] / by['floor']['wall_s']:.2f}x (target <= 2x)"
-        )
+    lines.append("")
+    for floor in ("floor", "floor-polars"):
+        if "ingest" in by and floor in by:
+            ratio = by["ingest"]["wall_s"] / by[floor]["wall_s"]
+            lines.append(f"ingest / {floor} = {ratio:.2f}x (target <= 2x)  ")
     if "ingest" in by and "pandas" in by:
         lines.append(
             f"pandas / ingest = {by['pandas']['wall_s'] / by['ingest']['wall_s']:.1f}x (target >= 10x)"
@@ -215,7 +254,7 @@ def main() -> None:
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiple of UserArena's 11,010 users")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--variants", default="floor,ingest,pandas")
+    parser.add_argument("--variants", default="ingest,floor,floor-polars,pandas")
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of floor and ingest, interleaved (pandas runs once)"
     )
@@ -224,19 +263,23 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--raw", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--target-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.raw, args.out)
+        child(args.child, args.raw, args.out, args.target_bytes)
         return
     users = round(11_010 * args.scale)
     args.work.mkdir(parents=True, exist_ok=True)
     raw, generate_s = ensure_bundle(users, args.seed, args.work)
-    variants = args.variants.split(",")
+    # ingest first in each round: the floors then write as many bytes as it just did
+    variants = sorted(args.variants.split(","), key=lambda v: v != "ingest")
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for round_ in range(args.repeat):
+        target = 0
         for variant in variants:
             if variant != "pandas" or round_ == 0:
-                runs[variant].append(measure(variant, raw, args.work))
+                runs[variant].append(measure(variant, raw, args.work, target))
+                target = runs["ingest"][-1]["output_bytes"] if "ingest" in runs else 0
     results = [summarize(runs[v]) for v in variants]
     text = report(results, users, generate_s, "python bench/ingest.py " + " ".join(sys.argv[1:]))
     print(text)
