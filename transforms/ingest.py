@@ -3,18 +3,20 @@ items, profiles, history and the ingest part of quarantine.
 
 Two passes, so memory is bounded by a part, not by the bundle:
 
-1. *read*: every raw part file (a big Parquet file: about a row group at a time) is read
-   and typed, rejects collected. ``events`` and ``feeds`` rows are spilled by a hash of
-   ``page_view_id`` into parts under ``LAKE/.staging/spill-<token>/<table>/part=<p>/``
-   (kept in memory when the bundle makes one part); ``items`` by chunk (on disk only when
-   there are several); profiles and history stay in memory.
-2. *align*: items are checked, keyed and written chunk by chunk, leaving a compact catalog
-   (ids sorted by hash, pseudonyms, what the checks need); then, part by part, the checks
-   and the step alignment of ``transforms.align`` run on the part's page views, and its
-   rows are pseudonymized and added to the staged tables as ``part-<p>.parquet`` files.
+1. *read*: the raw part files are read and typed in two threads, in chunks (a big Parquet
+   file about a row group at a time, small ones several at a time), rejects collected.
+   ``events`` and ``feeds`` rows are split into parts by a hash of ``page_view_id``, kept in
+   memory up to ``memory_rows`` and otherwise spilled under
+   ``LAKE/.staging/spill-<token>/<table>/part=<p>/``; ``items`` by chunk (on disk only when
+   there are several), their ids and image refs keyed in the writer thread meanwhile;
+   profiles and history stay in memory.
+2. *align*: items are checked and written chunk by chunk, leaving a compact catalog (ids
+   sorted by hash, pseudonyms, what the checks need); then, part by part, the checks and the
+   step alignment of ``transforms.align`` run on the part's page views, and its rows are
+   pseudonymized and added to the staged tables as ``part-<p>.parquet`` files.
 
 Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (2,000,000: three
-parts at UserArena scale, one for small bundles, which then run wholly in memory).
+parts at UserArena scale, kept in memory; one for small bundles).
 
 Whatever a check compares lies within one page view, hence within one part, except ids:
 duplicate event and item ids are found from a hash of the id kept for every row, and the
@@ -31,7 +33,7 @@ import shutil
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -169,8 +171,8 @@ class Writer:
 class Spill:
     """Typed raw rows between the passes, by (table, part). Tables in ``on_disk`` are buffered up to
     ``SPILL_BUFFER_BYTES`` and written as few, big files under ``folder`` (by ``writer``); the others
-    stay in memory. A table's ``prepare`` step (adding columns) runs in the writer thread, while
-    pass 1 reads on."""
+    stay in memory. A table's ``prepare`` step (adding columns; in-memory tables only) runs in the
+    writer thread, while pass 1 reads on."""
 
     folder: Path
     on_disk: set[str]
@@ -195,7 +197,7 @@ class Spill:
         for (table, part), frames in list(self.frames.items()):
             if table in self.on_disk:
                 path = self.folder / table / f"part={part}" / f"{self.files:06d}.parquet"
-                batch.append((_stack(frames, table), path, self.prepare.get(table)))
+                batch.append((_stack(frames, table), path))
                 self.files += 1
                 del self.frames[(table, part)]
         self.buffered = 0
@@ -217,14 +219,11 @@ class Spill:
         return pl.read_parquet(files).rechunk() if files else empty_typed(table)
 
 
-Prepare = Callable[[pl.DataFrame], pl.DataFrame]
-
-
-def _write_spill(batch: list[tuple[pl.DataFrame, Path, Prepare | None]]) -> None:
-    # uncompressed: the spill is read once, soon; compressing it costs more CPU than the disk saves
-    for frame, path, prepare in batch:
+def _write_spill(batch: list[tuple[pl.DataFrame, Path]]) -> None:
+    # uncompressed: the spill is read back soon, from the page cache; a codec costs more CPU than
+    # the disk saves (measured at 10x UserArena scale: 78 s with none, 85 s with lz4)
+    for frame, path in batch:
         path.parent.mkdir(parents=True, exist_ok=True)
-        frame = prepare(frame) if prepare else frame
         frame.write_parquet(path, compression="uncompressed", statistics=False)
 
 
@@ -246,6 +245,9 @@ class Raw:
     id_hashes: dict[str, list[pl.Series]] = field(default_factory=lambda: {"events": [], "items": []})
     users: list[pl.Series] = field(default_factory=list)
     event_items: list[pl.Series] = field(default_factory=list)  # hashes of the items events name
+    # item chunks read from the bundle again: set when the items make several chunks, as reading
+    # them twice costs less than writing them to disk and back (their text columns are large)
+    reread_items: Callable[[], Iterator[pl.DataFrame]] | None = None
 
     def add(self, chunk: TableRead) -> None:
         read = self.reads.setdefault(chunk.name, TableRead(chunk.name, pl.DataFrame(), empty_rejects(), 0))
@@ -258,7 +260,8 @@ class Raw:
             return
         if chunk.name == "items":
             self.id_hashes["items"].append(frame.select(_id_hash("item_id")).to_series())
-            self.spill.add("items", self.item_chunks, frame)
+            if self.reread_items is None:
+                self.spill.add("items", self.item_chunks, frame)
             self.item_chunks += 1
         elif chunk.name in ("events", "feeds"):
             if chunk.name == "events":
@@ -277,6 +280,13 @@ class Raw:
         for (part,), rows in split.partition_by("_part", as_dict=True, maintain_order=True).items():
             self.spill.add(table, int(part), rows.drop("_part"))
 
+    def item_frames(self, *, release: bool = True) -> Iterator[pl.DataFrame]:
+        """The accepted-so-far item rows, chunk by chunk, in reading order."""
+        if self.reread_items is None:
+            yield from (self.spill.read("items", n, release=release) for n in range(self.item_chunks))
+        else:
+            yield from (frame for frame in self.reread_items() if frame.width and frame.height)
+
     def table(self, name: str) -> pl.DataFrame:
         """A small table, whole."""
         return _stack(self.small.get(name, []), name)
@@ -289,9 +299,11 @@ def _plan(root: Path, settings: IngestSettings, run: Run) -> Raw:
     rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
     parts = max(1, -(-rows // per_part))
     on_disk = {"events", "feeds"} if parts > 1 and rows > settings.memory_rows else set()
-    if estimated_rows(root, "items") > read_chunk_rows(settings):  # several chunks: park them on disk
-        on_disk.add("items")
-    return Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts)
+    raw = Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts)
+    if estimated_rows(root, "items") > read_chunk_rows(settings):  # several chunks: read them again
+        unit, chunk = settings.timestamp_unit, read_chunk_rows(settings)
+        raw.reread_items = lambda: (c.frame for c in read_tables(root, ("items",), unit, None, chunk))
+    return raw
 
 
 def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
@@ -335,7 +347,7 @@ class Settled:
 
 def settle(
     hashes: list[pl.Series],
-    frames: Callable[[], list[pl.DataFrame]],
+    frames: Callable[[], Iterable[pl.DataFrame]],
     key: str,
     dedupe: Callable[[pl.DataFrame], align.Checked],
 ) -> Settled:
@@ -345,7 +357,7 @@ def settle(
     if every.n_unique() == every.len():
         return Settled(pl.DataFrame(schema={"_file": pl.String, "_row": pl.Int64}), [], 0)
     suspects = every.filter(every.is_duplicated()).unique().implode()
-    rows = pl.concat([f.filter(_id_hash(key).is_in(suspects)) for f in frames()], how="vertical_relaxed")
+    rows = pl.concat((f.filter(_id_hash(key).is_in(suspects)) for f in frames()), how="vertical_relaxed")
     checked = dedupe(rows)
     dropped = rows.select("_file", "_row").join(
         checked.rows.select("_file", "_row"), on=["_file", "_row"], how="anti"
@@ -358,13 +370,12 @@ def settle(
 
 @dataclass
 class Catalog:
-    """Accepted items, as they came, with a 64-bit hash of ``item_id`` that is unique over the
-    catalog (another seed is taken on a collision). A part finds its items by an integer join on
-    the hash, and the ids themselves are compared after it."""
+    """Accepted items sorted by a hash of ``item_id``: a part finds its items by binary search,
+    never by building a hash table over the whole catalog (which grows with the bundle)."""
 
-    frame: pl.DataFrame  # item_id, title, top_category, review_count, _h
+    frame: pl.DataFrame  # _h (sorted, unique), item_id, title, top_category, review_count
     seed: int
-    rows: pl.DataFrame  # _h -> _pos (row in ``frame``)
+    arrival: pl.Series  # _h of the items as they came
     keys: pl.Series = field(default_factory=lambda: pl.Series(dtype=pl.String))  # pseudonyms, frame order
 
     @classmethod
@@ -372,14 +383,14 @@ class Catalog:
         hashes = items.select(pl.col("item_id").hash(seed)).to_series()
         if hashes.n_unique() < items.height:  # ids are unique here, so another seed separates them
             return cls.build(items, seed + 1)
-        # one chunk per column: gathers over many chunks cost a chunk lookup per row
-        frame = items.with_columns(hashes.alias("_h")).rechunk()
-        rows = frame.select("_h", pl.int_range(pl.len(), dtype=pl.get_index_type()).alias("_pos"))
-        return cls(frame, seed, rows)
+        # a sort moves the rows (in parallel) several times faster than a gather by arg_sort does,
+        # and leaves one chunk per column: gathers over many chunks cost a chunk lookup per row
+        return cls(items.with_columns(hashes.alias("_h")).sort("_h").rechunk(), seed, hashes.alias("_h"))
 
     def attach(self, keys: list[pl.Series]) -> None:
-        """The pseudonyms of the items, chunk by chunk as they came (``frame`` order)."""
-        self.keys = pl.concat([pl.Series(dtype=pl.String), *keys]).rechunk()
+        """The pseudonyms of the items as they came (chunk by chunk), put in ``frame`` order."""
+        arrived = pl.concat([pl.Series(dtype=pl.String), *keys]).alias("_key")
+        self.keys = pl.DataFrame([self.arrival, arrived]).sort("_h")["_key"].rechunk()
 
     def index(self, ids: pl.Series) -> pl.Series:
         """Row of each id in ``frame``; null where the id is missing or not in the catalog."""
@@ -390,8 +401,10 @@ class Catalog:
             found = self.index(ids.filter(present))
             nulls = pl.repeat(None, ids.len(), dtype=found.dtype, eager=True).alias(ids.name)
             return nulls.scatter(present.arg_true(), found)
-        probes = ids.hash(self.seed).to_frame("_h")
-        pos = probes.join(self.rows, on="_h", how="left", maintain_order="left")["_pos"]
+        hashes = ids.hash(self.seed)
+        order = hashes.arg_sort()  # sorted probes walk the catalog in order: cache-friendly at any size
+        found = self.frame["_h"].search_sorted(hashes.gather(order)).clip(upper_bound=self.frame.height - 1)
+        pos = pl.zeros(ids.len(), dtype=found.dtype, eager=True).scatter(order, found)
         same = self.frame["item_id"].gather(pos) == ids  # the id itself decides, not its hash
         return pl.select(pl.when(same).then(pos)).to_series().alias(ids.name)
 
@@ -411,27 +424,40 @@ def items_pass(
     """Settle duplicate item ids, then check, key and write the items chunk by chunk.
 
     Returns the catalog, the quarantine rows and the merged duplicates."""
-    chunks = range(raw.item_chunks)
     settled = settle(
         raw.id_hashes["items"],
-        lambda: [raw.spill.read("items", n, release=False) for n in chunks],
+        lambda: raw.item_frames(release=False),
         "item_id",
         lambda rows: align.dedupe(rows, ["item_id"], "items", "duplicate_item_id", pseudonymize),
     )
     rejects, pieces, keys = list(settled.rejects), [], []
     named = pl.concat([pl.Series(dtype=pl.UInt64), *raw.event_items]).unique().implode()
-    for n in chunks:
+    for n, frame in enumerate(raw.item_frames()):
         chunk_keys = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)  # ids do not recur
-        rows, bad = align.check_prices(settled.apply(raw.spill.read("items", n)), chunk_keys)
+        rows, bad = align.check_prices(settled.apply(frame), chunk_keys)
         rejects.append(bad)
         items = align.build_items(rows)
-        keyed = _with_pseudonyms(items, settings, chunk_keys)
-        run.write("items", keyed, n)
+        # keyed, then written, in the writer thread: the id keys are ready before the write ends
+        ids = run.writer.submit(_item_id_keys, items, settings, chunk_keys)
+        run.writer.submit(_write_items, items, ids, settings, chunk_keys, run, n)
+        keys.append(ids)
         pieces.append(_catalog_rows(items, named))
-        keys.append(keyed["item_id"])
     catalog = Catalog.build(pl.concat([_catalog_rows(empty_typed("items"), named), *pieces]))
-    catalog.attach(keys)
+    catalog.attach([future.result() for future in keys])
     return catalog, rejects, settled.duplicates
+
+
+def _item_id_keys(items: pl.DataFrame, settings: IngestSettings, keys: Pseudonymizer) -> pl.Series:
+    if "_keyed_item_id" in items.columns:  # keyed in pass 1 already
+        return items["_keyed_item_id"]
+    return pseudonyms(items.select("item_id"), settings, keys)["item_id"]
+
+
+def _write_items(
+    items: pl.DataFrame, ids: Future, settings: IngestSettings, keys: Pseudonymizer, run: Run, number: int
+) -> None:
+    keyed = _with_pseudonyms(items.with_columns(ids.result().alias("_keyed_item_id")), settings, keys)
+    run.tables["items"].add(keyed, number)
 
 
 def _preparations(settings: IngestSettings) -> dict[str, Callable[[pl.DataFrame], pl.DataFrame]]:

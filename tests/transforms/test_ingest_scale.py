@@ -108,7 +108,7 @@ def test_cross_part_faults_give_the_one_part_lake(tmp_path, monkeypatch, setting
     real_spill = ingest_module._write_spill
 
     def spy(batch):
-        spilled.extend(path for _, path, _ in batch)
+        spilled.extend(path for _, path in batch)
         real_spill(batch)
 
     monkeypatch.setattr(ingest_module, "_write_spill", spy)
@@ -148,7 +148,7 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
     pl.concat([events, conflicting, events.slice(5, 1)]).write_parquet(first)
 
     class ManyParts(IngestSettings):
-        spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> on disk
+        spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> 2 chunks, read twice
         memory_rows: int = 0
 
     single, parted = _ingest_both(raw, tmp_path, ManyParts())
