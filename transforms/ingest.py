@@ -73,6 +73,7 @@ SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big file
 WRITER_QUEUE = 2  # jobs in flight in the writer thread (each holds about a part's frames)
 PART_SEED = 7  # hash seeds: any constants, the hashes never leave the run
 ID_SEED = 11
+CHECK_SEED = 0x9E3779B97F4A7C15
 REPEAT_PROBE_ROWS = 10_000  # rows of a column that tell whether its values repeat
 ITEM_KEYED = ("item_id", "image")  # item columns keyed as they are read (see _keyed_items)
 WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
@@ -371,9 +372,12 @@ def settle(
 @dataclass
 class Catalog:
     """Accepted items sorted by a hash of ``item_id``: a part finds its items by binary search,
-    never by building a hash table over the whole catalog (which grows with the bundle)."""
+    never by building a hash table over the whole catalog (which grows with the bundle). A match
+    is confirmed by a second, independently seeded 64-bit hash (``_check``) rather than by the id
+    strings, whose random reads over a large catalog cost more: an id outside the catalog passes
+    both hashes with odds of about 2^-128."""
 
-    frame: pl.DataFrame  # _h (sorted, unique), item_id, title, top_category, review_count
+    frame: pl.DataFrame  # _h (sorted, unique), item_id, title, top_category, review_count, _check
     seed: int
     arrival: pl.Series  # _h of the items as they came
     keys: pl.Series = field(default_factory=lambda: pl.Series(dtype=pl.String))  # pseudonyms, frame order
@@ -385,7 +389,8 @@ class Catalog:
             return cls.build(items, seed + 1)
         # a sort moves the rows (in parallel) several times faster than a gather by arg_sort does,
         # and leaves one chunk per column: gathers over many chunks cost a chunk lookup per row
-        return cls(items.with_columns(hashes.alias("_h")).sort("_h").rechunk(), seed, hashes.alias("_h"))
+        frame = items.with_columns(hashes.alias("_h"), _check_hash(pl.col("item_id")).alias("_check"))
+        return cls(frame.sort("_h").rechunk(), seed, hashes.alias("_h"))
 
     def attach(self, keys: list[pl.Series]) -> None:
         """The pseudonyms of the items as they came (chunk by chunk), put in ``frame`` order."""
@@ -405,12 +410,18 @@ class Catalog:
         order = hashes.arg_sort()  # sorted probes walk the catalog in order: cache-friendly at any size
         found = self.frame["_h"].search_sorted(hashes.gather(order)).clip(upper_bound=self.frame.height - 1)
         pos = pl.zeros(ids.len(), dtype=found.dtype, eager=True).scatter(order, found)
-        same = self.frame["item_id"].gather(pos) == ids  # the id itself decides, not its hash
+        found_h, found_check = self.frame["_h"].gather(pos), self.frame["_check"].gather(pos)
+        same = (found_h == hashes) & (found_check == _check_hash(ids))
         return pl.select(pl.when(same).then(pos)).to_series().alias(ids.name)
 
     def context(self, rows: pl.Series) -> pl.DataFrame:
         """``align.item_context`` of the catalog rows ``rows``."""
-        return self.frame.drop("_h").gather(rows.drop_nulls().unique().sort())
+        return self.frame.drop("_h", "_check").gather(rows.drop_nulls().unique().sort())
+
+
+def _check_hash(ids: pl.Series | pl.Expr) -> pl.Series | pl.Expr:
+    """The catalog's confirming hash of an id (a seed unrelated to the sort hash's)."""
+    return ids.hash(CHECK_SEED)
 
 
 def _outputs(frame: pl.DataFrame, table: str) -> pl.DataFrame:
