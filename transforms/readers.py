@@ -500,17 +500,9 @@ def _read_rows(
     return good, pl.concat([rejects, typed_rejects]), rows_in, naive
 
 
-def row_ranges(path: Path, chunk_rows: int) -> list[tuple[int, int] | None]:
-    """Row ranges of whole Parquet row groups, about ``chunk_rows`` rows each; ``[None]`` (the whole
-    file) for other formats, small files and files whose footer cannot be read."""
-    if file_format(path) != "parquet":
-        return [None]
-    try:
-        meta = pq.read_metadata(path)
-    except Exception:
-        return [None]  # read whole: the reader quarantines the file with its own error
-    if meta.num_rows <= chunk_rows:
-        return [None]
+def row_ranges(meta: pq.FileMetaData, chunk_rows: int) -> list[tuple[int, int]]:
+    """Row ranges of whole row groups of a Parquet file (its footer ``meta``), about ``chunk_rows``
+    rows each."""
     ranges, start, size = [], 0, 0
     for group in range(meta.num_row_groups):
         size += meta.row_group(group).num_rows
@@ -518,15 +510,6 @@ def row_ranges(path: Path, chunk_rows: int) -> list[tuple[int, int] | None]:
             ranges.append((start, size))
             start, size = start + size, 0
     return ranges
-
-
-def read_chunks(
-    root: Path, table: str, unit: str, pseudonymize: Pseudonymize | None, chunk_rows: int
-) -> Iterator[TableRead]:
-    """The table as a stream of typed chunks (``chunk_plan``), files in ``_file`` order, each about
-    ``chunk_rows`` rows at most: memory is bounded by the chunk, not the table."""
-    for chunk in chunk_plan(root, table, chunk_rows):
-        yield read_chunk(root, chunk, unit, pseudonymize)
 
 
 @dataclass
@@ -541,12 +524,14 @@ class Chunk:
 def chunk_plan(root: Path, table: str, chunk_rows: int) -> list[Chunk]:
     """The table's chunks in ``_file`` order: big Parquet files by row groups (``row_ranges``);
     consecutive small ones together up to ``chunk_rows`` rows (daily part files are typical, and
-    every read has a fixed cost); other formats one file each."""
+    every read has a fixed cost); other formats, and files whose footer cannot be read (the
+    reader quarantines them with its own error), one file each."""
     chunks: list[Chunk] = []
     small: list[Path] = []
     small_rows = 0
     for path in sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
-        rows = _parquet_rows(path)
+        meta = _parquet_footer(path)
+        rows = meta.num_rows if meta is not None else None
         if rows is not None and rows <= chunk_rows:
             if small and small_rows + rows > chunk_rows:
                 chunks.append(Chunk(table, small))
@@ -557,18 +542,21 @@ def chunk_plan(root: Path, table: str, chunk_rows: int) -> list[Chunk]:
         if small:
             chunks.append(Chunk(table, small))
             small, small_rows = [], 0
-        chunks += [Chunk(table, [path], rows) for rows in row_ranges(path, chunk_rows)]
+        if meta is None:
+            chunks.append(Chunk(table, [path]))
+        else:
+            chunks += [Chunk(table, [path], rows) for rows in row_ranges(meta, chunk_rows)]
     if small:
         chunks.append(Chunk(table, small))
     return chunks
 
 
-def _parquet_rows(path: Path) -> int | None:
-    """Rows of a Parquet file from its footer; None for other formats and unreadable footers."""
+def _parquet_footer(path: Path) -> pq.FileMetaData | None:
+    """A Parquet file's footer; None for other formats and unreadable footers."""
     if file_format(path) != "parquet":
         return None
     try:
-        return pq.read_metadata(path).num_rows
+        return pq.read_metadata(path)
     except Exception:
         return None
 
@@ -581,9 +569,9 @@ def read_tables(
     chunk_rows: int,
     workers: int = 2,
 ) -> Iterator[TableRead]:
-    """``read_chunks`` of each table in turn, in the same order, with ``workers`` chunks read and
-    typed ahead in threads (a Parquet row group decodes on one core): at most ``workers + 1``
-    chunks are in memory at once."""
+    """Each table in turn as a stream of typed chunks (``chunk_plan``), in ``_file`` order, with
+    ``workers`` chunks read and typed ahead in threads (a Parquet row group decodes on one core):
+    at most ``workers + 1`` chunks of about ``chunk_rows`` rows are in memory at once."""
     chunks = (chunk for table in tables for chunk in chunk_plan(root, table, chunk_rows))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="read") as pool:
         ahead: deque[Future[TableRead]] = deque()

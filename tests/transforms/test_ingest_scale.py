@@ -22,7 +22,7 @@ from transforms import lake as lake_io
 from transforms.config import IngestSettings
 from transforms.ingest import _part_of, ingest_bundle
 from transforms.lake import read_table, table_files
-from transforms.readers import read_chunks
+from transforms.readers import read_tables
 
 TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history", "quarantine")
 PARTS = 3
@@ -202,7 +202,7 @@ def test_big_parquet_files_are_read_in_row_group_chunks(tmp_path):
     table = pa.Table.from_pylist(rows)
     (tmp_path / "feeds").mkdir()
     pq.write_table(table, tmp_path / "feeds" / "part-0.parquet", row_group_size=3)
-    chunks = list(read_chunks(tmp_path, "feeds", "auto", None, 4))
+    chunks = list(read_tables(tmp_path, ("feeds",), "auto", None, 4))
     assert [c.frame.height for c in chunks] == [6, 4]  # 3+3, then 3+1
     assert pl.concat([c.frame for c in chunks])["_row"].to_list() == list(range(10))
     assert sum(c.rows_in for c in chunks) == 10

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
-from transforms.readers import _read_rows, chunk_plan, read_chunk, read_chunks
+from transforms.readers import _read_rows, chunk_plan, read_chunk, read_tables
 
 
 def _split_events(root: Path, sizes: list[int]) -> list[Path]:
@@ -48,7 +48,7 @@ def test_small_files_are_grouped_up_to_the_chunk_size(tmp_path):
     paths = _split_events(root, [3, 4, 2])
     assert [chunk.paths for chunk in chunk_plan(root, "events", chunk_rows=7)] == [paths[:2], paths[2:]]
     assert [chunk.paths for chunk in chunk_plan(root, "events", chunk_rows=3)] == [[p] for p in paths]
-    streamed = pl.concat([r.frame for r in read_chunks(root, "events", "auto", None, 7)])
+    streamed = pl.concat([r.frame for r in read_tables(root, ("events",), "auto", None, 7)])
     assert streamed.equals(_one_by_one(root, paths))
 
 
