@@ -622,9 +622,7 @@ def _hashed(values: pl.Series, kind: str, settings: IngestSettings, pseudonymize
     if head.n_unique() * 2 < head.len():
         return pseudonymize.column(values, kind)
     hexes = keyed_hex(values, settings.rekey_key.encode("utf-8"), kind)
-    if not hexes["raw"].equals(values, check_names=False):  # DuckDB keeps row order; never trust blindly
-        return pseudonymize.column(values, kind)
-    return hexes.select((pl.lit(f"{PREFIXES[kind]}_") + pl.col("hex")).alias(values.name)).to_series()
+    return (f"{PREFIXES[kind]}_" + hexes).alias(values.name)
 
 
 def pseudonyms(

@@ -8,8 +8,9 @@ based PRFs: AMAC and its multi-user security", EUROCRYPT 2016): the key sets the
 chaining value no one else knows, and the truncation removes the state a
 length extension would need. An id of up to 47 bytes costs two SHA-256 blocks; HMAC costs four.
 Stable for a key, unlinkable to the platform id without it. The hash runs vectorised
-in DuckDB, once per *distinct* id; rows are mapped by a hash lookup (or per run,
-where a column comes in runs).
+in Rust (``polars-hash``: SHA-256 with the CPU's SHA instructions where it has them),
+once per *distinct* id; rows are mapped by a hash lookup (or per run, where a column
+comes in runs).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import threading
 
-import duckdb
 import polars as pl
+import polars_hash  # noqa: F401 - registers the ``chash`` expression namespace
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,12 +36,12 @@ def key_block(key: bytes) -> bytes:
     return key.ljust(SHA256_BLOCK, b"\0")
 
 
-def keyed_hex(values: pl.Series, key: bytes, kind: str) -> pl.DataFrame:
-    """``raw -> hex``: first 16 hex digits of SHA-256(key block || kind \\x1f raw) per value."""
-    frame = values.to_frame("raw")  # noqa: F841 - read by DuckDB's replacement scan
-    sql = "SELECT raw, substr(sha256($key::BLOB || encode($tag || raw)), 1, 16) AS hex FROM frame"
-    with duckdb.connect() as con:
-        return con.sql(sql, params={"key": key_block(key), "tag": f"{kind}\x1f"}).pl()
+def keyed_hex(values: pl.Series, key: bytes, kind: str) -> pl.Series:
+    """First 16 hex digits of SHA-256(key block || kind \\x1f raw) per value, in order (nulls stay)."""
+    prefix = key_block(key) + f"{kind}\x1f".encode()
+    # as bytes: a long key's block is a digest, not text
+    message = pl.lit(prefix, dtype=pl.Binary) + pl.lit(values).cast(pl.Binary)
+    return pl.select(message.chash.sha2_256().str.head(16)).to_series().alias(values.name)
 
 
 #: raw id column -> id kind (lists are re-keyed element-wise)
@@ -75,7 +76,7 @@ class Pseudonymizer:
             fresh = distinct.filter(~distinct.is_in(known["raw"].implode())) if known.height else distinct
             if fresh.len():
                 hexes = keyed_hex(fresh, self._secret, kind)
-                keyed = hexes.select("raw", (pl.lit(f"{PREFIXES[kind]}_") + pl.col("hex")).alias("key"))
+                keyed = pl.DataFrame({"raw": fresh, "key": (f"{PREFIXES[kind]}_" + hexes).alias("key")})
                 known = pl.concat([known, keyed])
                 self._known[kind] = known
         return known
