@@ -93,13 +93,12 @@ def check_prices(items: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.Da
 
 
 def item_context(items: pl.DataFrame) -> pl.DataFrame:
-    """What the event checks and outputs need of an item: title, top category, review count."""
-    return items.select(
-        "item_id",
-        "title",
-        pl.col("category").str.split("-").list.first().alias("top_category"),
-        pl.col("reviews").list.len().alias("review_count"),
-    )
+    """What the event checks and outputs need of an item: title, top category, review count
+    (``build_items``' first level where it ran)."""
+    known = "category_l1" in items.columns
+    top = items["category_l1"] if known else category_levels(items["category"])["category_l1"]
+    context = items.select("item_id", "title", pl.col("reviews").list.len().alias("review_count"))
+    return context.insert_column(2, top.alias("top_category"))
 
 
 def check_profiles(profiles: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
@@ -589,9 +588,18 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
 def build_items(items: pl.DataFrame) -> pl.DataFrame:
     """The catalog with its category levels, rows in input order (ids are keyed afterwards, so an
     order by raw id would mean nothing downstream)."""
+    return pl.concat([items, category_levels(items["category"])], how="horizontal")
+
+
+CATEGORY_LEVELS = ("category_l1", "category_l2", "category_l3")
+
+
+def category_levels(categories: pl.Series) -> pl.DataFrame:
+    """``category_l1..l3`` of each row (null beyond a path's depth), split once per distinct
+    category: a catalog has far fewer categories than items."""
     levels = pl.col("category").str.split("-")
-    return items.with_columns(
-        levels.list.get(0, null_on_oob=True).alias("category_l1"),
-        levels.list.get(1, null_on_oob=True).alias("category_l2"),
-        levels.list.get(2, null_on_oob=True).alias("category_l3"),
+    paths = categories.unique().to_frame("category").with_columns(
+        levels.list.get(n, null_on_oob=True).alias(name) for n, name in enumerate(CATEGORY_LEVELS)
     )
+    rows = categories.to_frame("category").join(paths, on="category", how="left", maintain_order="left")
+    return rows.drop("category")
