@@ -22,8 +22,9 @@ parts at UserArena scale, kept in memory; one for small bundles).
 Whatever a check compares lies within one page view, hence within one part, except ids:
 duplicate event and item ids are found from a hash of the id kept for every row, and the
 few rows involved are settled together; missing-profile flags are kept once per user.
-Pseudonyms and Parquet writes run in one writer thread, overlapping the next part's
-alignment. Tables are swapped into place at the end, one atomic rename each; a failure
+Two parts align at once (``ALIGN_THREADS``: Polars runs many small steps on one core, so
+one part at a time leaves the other idle); their pseudonyms and Parquet writes run in one
+writer thread, in part order. Tables are swapped into place at the end, one atomic rename each; a failure
 leaves the previous lake and no staging or spill behind.
 """
 
@@ -71,6 +72,7 @@ OUTPUT_OF: dict[str, str] = {
 HISTORY_KINDS = ("click", "buy")
 READ_CHUNK_ROWS = 1 << 20  # rows read at a time from a big Parquet file: one default row group
 SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big files
+ALIGN_THREADS = 2  # parts aligned at once
 WRITER_QUEUE = 2  # jobs in flight in the writer thread (each holds about a part's frames)
 PART_SEED = 7  # hash seeds: any constants, the hashes never leave the run
 ID_SEED = 11
@@ -449,13 +451,14 @@ def items_pass(
         rows, bad = align.check_prices(settled.apply(frame), chunk_keys)
         rejects.append(bad)
         items = align.build_items(rows)
-        # keyed, then written, in the writer thread: the id keys are ready before the write ends
-        ids = run.writer.submit(_item_id_keys, items, settings, chunk_keys)
-        run.writer.submit(_write_items, items, ids, settings, chunk_keys, run, n)
+        # keyed here, written in the writer thread: the write of a chunk overlaps keying the next
+        ids = _item_id_keys(items, settings, chunk_keys)
+        keyed = _with_pseudonyms(items.with_columns(ids.alias("_keyed_item_id")), settings, chunk_keys)
+        run.write("items", keyed, n)
         keys.append(ids)
         pieces.append(_catalog_rows(items, named))
     catalog = Catalog.build(pl.concat([_catalog_rows(empty_typed("items"), named), *pieces]))
-    catalog.attach([future.result() for future in keys])
+    catalog.attach(keys)
     return catalog, rejects, settled.duplicates
 
 
@@ -464,14 +467,6 @@ def _item_id_keys(items: pl.DataFrame, settings: IngestSettings, keys: Pseudonym
     if "_keyed_item_id" in items.columns:  # keyed in pass 1 already
         return items["_keyed_item_id"]
     return pseudonyms(items.select("item_id"), settings, keys)["item_id"]
-
-
-def _write_items(
-    items: pl.DataFrame, ids: Future, settings: IngestSettings, keys: Pseudonymizer, run: Run, number: int
-) -> None:
-    """The chunk's lake rows, keyed (ids by the earlier ``_item_id_keys`` job), as file ``number``."""
-    keyed = _with_pseudonyms(items.with_columns(ids.result().alias("_keyed_item_id")), settings, keys)
-    run.tables["items"].add(keyed, number)
 
 
 def _preparations(settings: IngestSettings) -> dict[str, Callable[[pl.DataFrame], pl.DataFrame]]:
@@ -828,7 +823,7 @@ def prepare(
 ) -> Context:
     """Everything the parts share: users' pseudonyms and splits (profiles and history written),
     the catalog (items written), duplicate event ids settled. Small writes are queued first, so the
-    writer thread's longer jobs (keying the items) never hold this thread up."""
+    writer thread's longer jobs (writing the items) never hold this thread up."""
     profiles = align.check_profiles(source.table("profiles"), pseudonymize)
     history = _checked_history(source.table("history"), pseudonymize)
     users = _assignment(pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings)
@@ -858,14 +853,23 @@ def _profiles_out(profiles: pl.DataFrame, users: pl.DataFrame, pseudonymize: Pse
 
 def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
     """Pass 2: part by part; each part's outputs are keyed and written while the next one aligns."""
-    for p in range(source.parts):
+
+    def aligned(p: int) -> tuple[Part, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
-        part = align_part(source.spill.read("events", p), source.spill.read("feeds", p), ctx, keys)
-        totals.rejects += part.rejects
-        totals.flags += part.flags
-        totals.no_profile.append(part.no_profile)
-        totals.duplicates["feeds"] += part.feed_duplicates
-        run.writer.submit(_write_part, part, ctx, keys, run, p)
+        return align_part(source.spill.read("events", p), source.spill.read("feeds", p), ctx, keys), keys
+
+    pool = ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align")
+    with pool:
+        running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
+        for p in range(source.parts):
+            part, keys = running.popleft().result()
+            if p + ALIGN_THREADS < source.parts:
+                running.append(pool.submit(aligned, p + ALIGN_THREADS))
+            totals.rejects += part.rejects
+            totals.flags += part.flags
+            totals.no_profile.append(part.no_profile)
+            totals.duplicates["feeds"] += part.feed_duplicates
+            run.writer.submit(_write_part, part, ctx, keys, run, p)
 
 
 def ingest_bundle(
