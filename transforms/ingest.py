@@ -148,7 +148,7 @@ def _id_hash(column: str) -> pl.Expr:
 
 class Writer:
     """One worker thread for pseudonyms and file writes, so they overlap the next computation
-    (Polars, Parquet and DuckDB release the GIL). Jobs run in submission order; at most
+    (Polars and its Parquet writer release the GIL). Jobs run in submission order; at most
     ``WRITER_QUEUE`` are in flight, so memory stays bounded."""
 
     def __init__(self) -> None:
