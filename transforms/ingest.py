@@ -24,8 +24,8 @@ duplicate event and item ids are found from a hash of the id kept for every row,
 few rows involved are settled together; missing-profile flags are kept once per user.
 Two parts align at once (``ALIGN_THREADS``: Polars runs many small steps on one core, so
 one part at a time leaves the other idle); their pseudonyms and Parquet writes run in one
-writer thread, in part order. Tables are swapped into place at the end, one atomic rename each; a failure
-leaves the previous lake and no staging or spill behind.
+writer thread, in part order. Tables are swapped into place at the end, one atomic rename
+each; a failure leaves the previous lake and no staging or spill behind.
 """
 
 from __future__ import annotations
@@ -852,14 +852,14 @@ def _profiles_out(profiles: pl.DataFrame, users: pl.DataFrame, pseudonymize: Pse
 
 
 def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
-    """Pass 2: part by part; each part's outputs are keyed and written while the next one aligns."""
+    """Pass 2: ``ALIGN_THREADS`` parts align at once; their outputs are keyed and written in part
+    order while the next ones align."""
 
     def aligned(p: int) -> tuple[Part, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
         return align_part(source.spill.read("events", p), source.spill.read("feeds", p), ctx, keys), keys
 
-    pool = ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align")
-    with pool:
+    with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
         running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
         for p in range(source.parts):
             part, keys = running.popleft().result()
