@@ -3,6 +3,7 @@
     python bench/ingest.py                   # 11,010 users (UserArena scale)
     python bench/ingest.py --scale 10        # 110,100 users
     python bench/ingest.py --variants ingest,floor --repeat 5
+    python bench/ingest.py --growth 10       # ingest at 1x and 10x, interleaved: how time grows
 
 Variants, each run in its own process so peak RSS is its own:
 - ``ingest``: ``transforms.ingest.ingest_bundle`` (readers, checks, alignment, lake writes);
@@ -36,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
 
 VIEWPORT = 693
+USERARENA_USERS = 11_010
 
 
 RAW_TABLES = ("profiles", "items", "feeds", "events", "history")
@@ -248,6 +250,36 @@ def report(results: list[dict], users: int, generate_s: float, command: str) -> 
     return "\n".join(lines) + "\n"
 
 
+def growth(factor: float, seed: int, repeat: int, work: Path) -> str:
+    """The ingest at 1x and at ``factor`` x UserArena scale, one of each per round, so slow spells
+    of a shared machine fall on both sizes; the ratio is taken per round."""
+    sizes = {1.0: USERARENA_USERS, factor: round(USERARENA_USERS * factor)}
+    bundles = {scale: ensure_bundle(users, seed, work)[0] for scale, users in sizes.items()}
+    rounds = [{scale: measure("ingest", bundles[scale], work) for scale in sizes} for _ in range(repeat)]
+    lines = [
+        f"\n## ingest growth — {sizes[1.0]:,} vs {sizes[factor]:,} users ({time.strftime('%Y-%m-%d')})\n",
+        f"Command: `python bench/ingest.py --growth {factor:g} --repeat {repeat}`  ",
+        f"Machine: {machine()}  ",
+        "Bundles already on disk or generated first (not included below)\n",
+        f"| round | 1x wall s | {factor:g}x wall s | time ratio | CPU ratio | 1x peak RSS MiB "
+        f"| {factor:g}x peak RSS MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n, pair in enumerate(rounds, start=1):
+        small, big = pair[1.0], pair[factor]
+        times, cpus = big["wall_s"] / small["wall_s"], big["cpu_s"] / small["cpu_s"]
+        lines.append(
+            f"| {n} | {small['wall_s']:.2f} | {big['wall_s']:.2f} | {times:.2f}x | {cpus:.2f}x "
+            f"| {small['peak_rss_mib']:.0f} | {big['peak_rss_mib']:.0f} |"
+        )
+    ratios = sorted(pair[factor]["wall_s"] / pair[1.0]["wall_s"] for pair in rounds)
+    lines.append(
+        f"\n{factor:g}x / 1x time, median of rounds = {ratios[len(ratios) // 2]:.2f}x "
+        f"({ratios[0]:.2f}–{ratios[-1]:.2f}; target <= {factor * 1.1:g}x)"
+    )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -257,6 +289,9 @@ def main() -> None:
     parser.add_argument("--variants", default="ingest,floor,floor-polars,pandas")
     parser.add_argument(
         "--repeat", type=int, default=3, help="runs of floor and ingest, interleaved (pandas runs once)"
+    )
+    parser.add_argument(
+        "--growth", type=float, help="ingest only, at 1x and at this scale in turn: how time grows"
     )
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / ".work")
     parser.add_argument("--no-record", action="store_true")
@@ -268,8 +303,11 @@ def main() -> None:
     if args.child:
         child(args.child, args.raw, args.out, args.target_bytes)
         return
-    users = round(11_010 * args.scale)
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.growth:
+        _record(growth(args.growth, args.seed, args.repeat, args.work), args.no_record)
+        return
+    users = round(USERARENA_USERS * args.scale)
     raw, generate_s = ensure_bundle(users, args.seed, args.work)
     # ingest first in each round: the floors then write as many bytes as it just did
     variants = sorted(args.variants.split(","), key=lambda v: v != "ingest")
@@ -281,9 +319,14 @@ def main() -> None:
                 runs[variant].append(measure(variant, raw, args.work, target))
                 target = runs["ingest"][-1]["output_bytes"] if "ingest" in runs else 0
     results = [summarize(runs[v]) for v in variants]
-    text = report(results, users, generate_s, "python bench/ingest.py " + " ".join(sys.argv[1:]))
+    command = "python bench/ingest.py " + " ".join(sys.argv[1:])
+    _record(report(results, users, generate_s, command), args.no_record)
+
+
+def _record(text: str, dry: bool) -> None:
+    """Print a results section and, unless ``dry``, append it to bench/RESULTS.md."""
     print(text)
-    if not args.no_record:
+    if not dry:
         with (ROOT / "bench" / "RESULTS.md").open("a") as handle:
             handle.write(text)
 
