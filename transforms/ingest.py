@@ -374,8 +374,9 @@ def settle(
 
 @dataclass
 class Catalog:
-    """Accepted items sorted by a hash of ``item_id``: a part finds its items by binary search,
-    never by building a hash table over the whole catalog (which grows with the bundle). A match
+    """Accepted items sorted by a hash of ``item_id``: a part sorts its probes by the same hash and
+    finds its items by one merge join (Polars' sorted-key join), never by building a hash table over
+    the whole catalog (which grows with the bundle) or by a binary search per probe. A match
     is confirmed by a second, independently seeded 64-bit hash (``_check``) rather than by the id
     strings, whose random reads over a large catalog cost more: an id outside the catalog passes
     both hashes with odds of about 2^-128."""
@@ -384,6 +385,11 @@ class Catalog:
     seed: int
     arrival: pl.Series  # _h of the items as they came
     keys: pl.Series = field(default_factory=lambda: pl.Series(dtype=pl.String))  # pseudonyms, frame order
+    by_hash: pl.DataFrame = field(init=False)  # _h (flagged sorted), _check, _row: what a lookup joins
+
+    def __post_init__(self) -> None:
+        rows = self.frame.select("_h", "_check").with_row_index("_row")
+        self.by_hash = rows.with_columns(pl.col("_h").set_sorted())
 
     @classmethod
     def build(cls, items: pl.DataFrame, seed: int = ID_SEED) -> Catalog:
@@ -410,12 +416,14 @@ class Catalog:
             nulls = pl.repeat(None, ids.len(), dtype=found.dtype, eager=True).alias(ids.name)
             return nulls.scatter(present.arg_true(), found)
         hashes = ids.hash(self.seed)
-        order = hashes.arg_sort()  # sorted probes walk the catalog in order: cache-friendly at any size
-        found = self.frame["_h"].search_sorted(hashes.gather(order)).clip(upper_bound=self.frame.height - 1)
-        pos = pl.zeros(ids.len(), dtype=found.dtype, eager=True).scatter(order, found)
-        found_h, found_check = self.frame["_h"].gather(pos), self.frame["_check"].gather(pos)
-        same = (found_h == hashes) & (found_check == _check_hash(ids))
-        return pl.select(pl.when(same).then(pos)).to_series().alias(ids.name)
+        order = hashes.arg_sort()  # sorted probes meet the sorted catalog in one merge: cache-friendly
+        probes = pl.DataFrame({"_h": hashes.gather(order), "_probe": _check_hash(ids).gather(order)})
+        found = probes.with_columns(pl.col("_h").set_sorted()).join(
+            self.by_hash, on="_h", how="left", maintain_order="left"
+        )
+        rows = found.select(pl.when(pl.col("_check") == pl.col("_probe")).then("_row")).to_series()
+        nulls = pl.repeat(None, ids.len(), dtype=rows.dtype, eager=True).alias(ids.name)
+        return nulls.scatter(order, rows)
 
     def context(self, rows: pl.Series) -> pl.DataFrame:
         """``align.item_context`` of the catalog rows ``rows``."""
