@@ -9,7 +9,8 @@ Two passes, so memory is bounded by a part, not by the bundle:
    memory up to ``memory_rows`` and otherwise spilled under
    ``LAKE/.staging/spill-<token>/<table>/part=<p>/``. ``items`` that make one chunk stay in
    memory, their ids and image refs keyed in the writer thread meanwhile; items that make
-   several are read again in pass 2 (cheaper than spilling their text). Profiles and history
+   several are left to pass 2, which reads them once (their text is too large to keep or
+   spill), after a read of their id column alone for the duplicate check. Profiles and history
    stay in memory.
 2. *align*: items are checked and written chunk by chunk, leaving a compact catalog (ids
    sorted by hash, pseudonyms, what the checks need); then, part by part, the checks and the
@@ -54,8 +55,10 @@ from transforms.readers import (
     empty_rejects,
     empty_typed,
     estimated_rows,
+    file_format,
     read_tables,
     reject_rows,
+    table_files,
 )
 from transforms.rekey import ID_COLUMNS, PREFIXES, Pseudonymizer, bucket_of, keyed_hex, split_of
 from transforms.schemas import LAKE_TABLES, RAW_TABLES
@@ -249,23 +252,20 @@ class Raw:
     id_hashes: dict[str, list[pl.Series]] = field(default_factory=lambda: {"events": [], "items": []})
     users: list[pl.Series] = field(default_factory=list)
     event_items: list[pl.Series] = field(default_factory=list)  # hashes of the items events name
-    # item chunks read from the bundle again: set when the items make several chunks, as reading
-    # them twice costs less than writing them to disk and back (their text columns are large)
-    reread_items: Callable[[], Iterator[pl.DataFrame]] | None = None
+    # set when the items make several chunks: pass 1 skips them, pass 2 reads (and counts) them,
+    # and the duplicate check takes the hashes of their ids from ``item_ids`` (their text columns
+    # are too large to keep in memory or to spill)
+    read_items: Callable[[], Iterator[TableRead]] | None = None
+    item_ids: Callable[[], list[pl.Series]] | None = None
 
     def add(self, chunk: TableRead) -> None:
-        read = self.reads.setdefault(chunk.name, TableRead(chunk.name, pl.DataFrame(), empty_rejects(), 0))
-        read.rows_in += chunk.rows_in
-        read.naive_timestamps += chunk.naive_timestamps
-        read.merged += chunk.merged
-        self.rejects.append(chunk.rejects)
+        self.count(chunk)
         frame = chunk.frame
         if frame.width == 0 or frame.height == 0:
             return
         if chunk.name == "items":
             self.id_hashes["items"].append(frame.select(_id_hash("item_id")).to_series())
-            if self.reread_items is None:
-                self.spill.add("items", self.item_chunks, frame)
+            self.spill.add("items", self.item_chunks, frame)
             self.item_chunks += 1
         elif chunk.name in ("events", "feeds"):
             if chunk.name == "events":
@@ -276,6 +276,14 @@ class Raw:
         else:
             self.small.setdefault(chunk.name, []).append(frame)
 
+    def count(self, chunk: TableRead) -> None:
+        """A chunk's rows in, merged rows, naive timestamps and rejects."""
+        read = self.reads.setdefault(chunk.name, TableRead(chunk.name, pl.DataFrame(), empty_rejects(), 0))
+        read.rows_in += chunk.rows_in
+        read.naive_timestamps += chunk.naive_timestamps
+        read.merged += chunk.merged
+        self.rejects.append(chunk.rejects)
+
     def _spill_parts(self, table: str, frame: pl.DataFrame) -> None:
         if self.parts == 1:
             self.spill.add(table, 0, frame)
@@ -284,38 +292,70 @@ class Raw:
         for (part,), rows in split.partition_by("_part", as_dict=True, maintain_order=True).items():
             self.spill.add(table, int(part), rows.drop("_part"))
 
-    def item_frames(self, *, release: bool = True) -> Iterator[pl.DataFrame]:
-        """The accepted-so-far item rows, chunk by chunk, in reading order."""
-        if self.reread_items is None:
+    def item_frames(self, *, release: bool = True, count: bool = False) -> Iterator[pl.DataFrame]:
+        """The accepted item rows, chunk by chunk, in reading order; ``count``: this is the read that
+        counts items left to pass 2 (``read_items``)."""
+        if self.read_items is None:
             yield from (self.spill.read("items", n, release=release) for n in range(self.item_chunks))
-        else:
-            yield from (frame for frame in self.reread_items() if frame.width and frame.height)
+            return
+        for chunk in self.read_items():
+            if count:
+                self.count(chunk)
+            if chunk.frame.width and chunk.frame.height:
+                yield chunk.frame
+
+    def item_id_hashes(self) -> list[pl.Series]:
+        """``_id_hash`` of the item ids: of every accepted row, or (items left to pass 2) of every
+        row, which only adds suspects that ``settle`` clears."""
+        return self.id_hashes["items"] if self.item_ids is None else self.item_ids()
 
     def table(self, name: str) -> pl.DataFrame:
         """A small table, whole."""
         return _stack(self.small.get(name, []), name)
 
 
-def _plan(root: Path, settings: IngestSettings, run: Run) -> Raw:
+def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
     """Parts from the bundle's size: 1 for small bundles, more for big ones; the parts of bundles
-    beyond ``memory_rows`` are spilled to disk."""
+    beyond ``memory_rows`` are spilled to disk. Items of several chunks are left to pass 2."""
     per_part = spill_part_rows(settings)
     rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
     parts = max(1, -(-rows // per_part))
     on_disk = {"events", "feeds"} if parts > 1 and rows > settings.memory_rows else set()
     raw = Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts)
-    if estimated_rows(root, "items") > read_chunk_rows(settings):  # several chunks: read them again
+    if estimated_rows(root, "items") > read_chunk_rows(settings):
         unit, chunk = settings.timestamp_unit, read_chunk_rows(settings)
-        raw.reread_items = lambda: (c.frame for c in read_tables(root, ("items",), unit, None, chunk))
+        raw.read_items = lambda: read_tables(root, ("items",), unit, pseudonymize, chunk)
+        raw.item_ids = lambda: _item_id_column_hashes(root) or [
+            frame.select(_id_hash("item_id")).to_series() for frame in raw.item_frames()
+        ]
     return raw
+
+
+def _item_id_column_hashes(root: Path) -> list[pl.Series] | None:
+    """``_id_hash`` of every item row, from the id column alone: string ids pass the typing
+    untouched, so these are the typed rows' hashes (plus those of rows the typing rejects). None
+    unless every items file is Parquet with string ids: the full read hashes them then."""
+    hashes = []
+    for path in table_files(root, "items"):
+        if file_format(path) != "parquet":
+            return None
+        try:
+            ids = pl.scan_parquet(path, hive_partitioning=False).select("item_id").collect().to_series()
+        except Exception:  # unreadable, or no id column: the full read reports it
+            return None
+        if ids.dtype != pl.String:
+            return None
+        hashes.append(ids.hash(ID_SEED))
+    return hashes
 
 
 def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
     """Pass 1 over a raw bundle folder: one chunk in memory at a time."""
-    raw = _plan(root, settings, run)
+    raw = _plan(root, settings, pseudonymize, run)
     for name in RAW_TABLES:
         raw.reads[name] = TableRead(name, pl.DataFrame(), empty_rejects(), 0)
-    chunks = read_tables(root, RAW_TABLES, settings.timestamp_unit, pseudonymize, read_chunk_rows(settings))
+    tables = [t for t in RAW_TABLES if t != "items" or raw.read_items is None]
+    chunks = read_tables(root, tables, settings.timestamp_unit, pseudonymize, read_chunk_rows(settings))
     for chunk in chunks:
         raw.add(chunk)
     raw.spill.finish()
@@ -447,14 +487,14 @@ def items_pass(
 
     Returns the catalog, the quarantine rows and the merged duplicates."""
     settled = settle(
-        raw.id_hashes["items"],
+        raw.item_id_hashes(),
         lambda: raw.item_frames(release=False),
         "item_id",
         lambda rows: align.dedupe(rows, ["item_id"], "items", "duplicate_item_id", pseudonymize),
     )
     rejects, pieces, keys = list(settled.rejects), [], []
     named = pl.concat([pl.Series(dtype=pl.UInt64), *raw.event_items]).unique().implode()
-    for n, frame in enumerate(raw.item_frames()):
+    for n, frame in enumerate(raw.item_frames(count=True)):
         chunk_keys = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)  # ids do not recur
         rows, bad = align.check_prices(settled.apply(frame), chunk_keys)
         rejects.append(bad)

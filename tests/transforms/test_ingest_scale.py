@@ -132,6 +132,58 @@ def test_cross_part_faults_give_the_one_part_lake(tmp_path, monkeypatch, setting
     assert parted.counts["events"].duplicates == 1  # the exact repeat, merged
 
 
+class ItemChunks(IngestSettings):
+    # chunks of 4 rows: the 13 item rows below make 4 chunks, left to pass 2 (one read of their text)
+    spill_part_rows: int = 4
+    memory_rows: int = 0
+
+
+def items_over_chunks() -> dict[str, list[dict]]:
+    """cross_part_bundle with item faults in other chunks than their twins: itm-3 again with another
+    price (rejected), itm-1 repeated exactly (merged), a negative price, an item without an id."""
+    bundle = cross_part_bundle()
+    items = bundle["items"]
+    bundle["items"] = [
+        *items,
+        dict(items[0]),
+        dict(items[1], item_id="itm-cheap", price=-1.0),
+        dict(items[1], item_id=None),
+        dict(items[2], item_id="itm-spare"),
+    ]
+    return bundle
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_items_left_to_pass_two_are_read_once_and_counted_once(tmp_path, monkeypatch, fmt):
+    write_bundle(items_over_chunks(), tmp_path / "raw", fmt)
+    read_item_text, id_column = [], []
+    real_read, real_ids = ingest_module.read_tables, ingest_module._item_id_column_hashes
+
+    def spy_read(root, tables, *args):
+        read_item_text.append("items" in tables)
+        return real_read(root, tables, *args)
+
+    def spy_ids(root):
+        id_column.append(real_ids(root))
+        return id_column[-1]
+
+    single = ingest_bundle(tmp_path / "raw", tmp_path / "one")  # one chunk: items read in pass 1
+    monkeypatch.setattr(ingest_module, "read_tables", spy_read)
+    monkeypatch.setattr(ingest_module, "_item_id_column_hashes", spy_ids)
+    parted = ingest_bundle(tmp_path / "raw", tmp_path / "many", ItemChunks())
+    _same_lakes(tmp_path / "one", tmp_path / "many")
+    assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
+    assert parted.quarantine_by_reason == single.quarantine_by_reason
+    reasons = parted.quarantine_by_reason
+    assert reasons["duplicate_item_id"] == 1 and reasons["invalid_price"] == 1
+    assert parted.counts["items"].duplicates == 1 and parted.counts["items"].rows_in == 13
+    # pass 1 reads no items; pass 2 reads them to find the duplicates' rows, then to check and write
+    # them (counted then); Parquet ids come from the id column alone, JSONL ids from a full read first
+    hashes_read = [] if fmt == "parquet" else [True]
+    assert read_item_text == [False, *hashes_read, True, True]
+    assert id_column and (id_column[0] is not None) == (fmt == "parquet")
+
+
 def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_path):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", ThreeParts())
