@@ -200,7 +200,7 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
     pl.concat([events, conflicting, events.slice(5, 1)]).write_parquet(first)
 
     class ManyParts(IngestSettings):
-        spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> 2 chunks, read twice
+        spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> 2 chunks, left to pass 2
         memory_rows: int = 0
 
     single, parted = _ingest_both(raw, tmp_path, ManyParts())
