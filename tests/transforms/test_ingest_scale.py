@@ -184,6 +184,15 @@ def test_items_left_to_pass_two_are_read_once_and_counted_once(tmp_path, monkeyp
     assert id_column and (id_column[0] is not None) == (fmt == "parquet")
 
 
+def test_an_unreadable_items_file_left_to_pass_two_is_quarantined_once(tmp_path):
+    write_bundle(items_over_chunks(), tmp_path / "raw")
+    (tmp_path / "raw" / "items" / "part-1.parquet").write_bytes(b"PAR1 cut short")
+    result = ingest_bundle(tmp_path / "raw", tmp_path / "lake", ItemChunks())
+    assert result.quarantine_by_reason["unreadable_file"] == 1
+    assert result.counts["items"].rows_in == 13 + 1 and result.counts["items"].balanced
+    assert result.output_rows["items"] == 9  # the id-column read failed: the full read found the duplicates
+
+
 def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_path):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", ThreeParts())
