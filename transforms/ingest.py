@@ -499,22 +499,14 @@ def items_pass(
         rows, bad = align.check_prices(settled.apply(frame), chunk_keys)
         rejects.append(bad)
         items = align.build_items(rows)
-        # keyed here, written in the writer thread: the write of a chunk overlaps keying the next
-        ids = _item_id_keys(items, settings, chunk_keys)
-        keyed = _with_pseudonyms(items.with_columns(ids.alias("_keyed_item_id")), settings, chunk_keys)
-        run.write("items", keyed, n)
-        keys.append(ids)
+        # keyed here (unless pass 1 did), written in the writer thread while the next chunk is keyed
+        items = items if "_keyed_item_id" in items.columns else _keyed_items(items, settings)
+        run.write("items", _with_pseudonyms(items, settings, chunk_keys), n)
+        keys.append(items["_keyed_item_id"])
         pieces.append(_catalog_rows(items, named))
     catalog = Catalog.build(pl.concat([_catalog_rows(empty_typed("items"), named), *pieces]))
     catalog.attach(keys)
     return catalog, rejects, settled.duplicates
-
-
-def _item_id_keys(items: pl.DataFrame, settings: IngestSettings, keys: Pseudonymizer) -> pl.Series:
-    """Pseudonyms of the chunk's item ids (what the catalog needs before the chunk is written)."""
-    if "_keyed_item_id" in items.columns:  # keyed in pass 1 already
-        return items["_keyed_item_id"]
-    return pseudonyms(items.select("item_id"), settings, keys)["item_id"]
 
 
 def _preparations(settings: IngestSettings) -> dict[str, Callable[[pl.DataFrame], pl.DataFrame]]:
