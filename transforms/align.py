@@ -221,14 +221,15 @@ def row_checks(
 def order_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Sort each page view by (ts, source order); flag ties and out-of-order rows (kept)."""
     source = events if _in_source_order(events) else events.sort("_file", "_row")
-    source = source.with_columns(
-        (pl.col("ts") < pl.col("ts").cum_max().shift(1).over("page_view_id")).fill_null(False).alias("_late")
-    )
-    ordered = source.with_columns(pl.int_range(pl.len()).alias("_source_order")).sort(
+    ordered = source.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_source_order")).sort(
         "page_view_id", "ts", "_source_order"
     )
+    # late: an event that came before it in the source has a later ts, i.e. sorts after it; the
+    # view's number above the source order keeps the suffix minimum inside the view
+    order = pl.col("page_view_id").rle_id().cast(pl.Int64) * (1 << 32) + pl.col("_source_order")
     ordered = ordered.with_columns(
-        (pl.col("ts") == pl.col("ts").shift(1).over("page_view_id")).fill_null(False).alias("_tie")
+        (order.cum_min(reverse=True).shift(-1) < order).fill_null(False).alias("_late"),
+        (pl.col("ts") == _in_view(pl.col("ts"), 1)).fill_null(False).alias("_tie"),
     )
     flag = (
         pl.when(pl.col("_late"))
@@ -263,13 +264,33 @@ def _in_source_order(frame: pl.DataFrame) -> bool:
 
 
 # --- events: sequence checks ---------------------------------------------------
+# From ``order_events`` on, the rows of a page view come together, so a step of the sequence is
+# a shift with a test at the view's edges, not a window that first gathers each view's rows.
+
+
+def _view_start() -> pl.Expr:
+    """True on the first row of each page view."""
+    view = pl.col("page_view_id")
+    return view.ne_missing(view.shift(1))
+
+
+def _in_view(expr: pl.Expr, n: int) -> pl.Expr:
+    """``expr`` n rows back (ahead when n < 0), null where that row is in another page view."""
+    view = pl.col("page_view_id")
+    return pl.when(view.shift(n) == view).then(expr.shift(n))
+
+
+def _index_in_view() -> pl.Expr:
+    """0, 1, 2, ... within each page view."""
+    row = pl.int_range(pl.len(), dtype=pl.Int32)
+    return row - pl.when(_view_start()).then(row).forward_fill()
 
 
 def drop_after_end(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Anything after a page view's first ``end`` is not part of the session."""
-    ended_before = (
-        (pl.col("action") == "end").cast(pl.Int32).cum_sum().shift(1).over("page_view_id").fill_null(0)
-    )
+    """Anything after a page view's first ``end`` is not part of the session (rows grouped by view)."""
+    is_end = (pl.col("action") == "end").cast(pl.Int32)
+    ends_before = is_end.cum_sum() - is_end  # over the whole frame; minus those before the view began
+    ended_before = ends_before - pl.when(_view_start()).then(ends_before).forward_fill()
     return split_by_reason(
         events,
         pl.when(ended_before > 0).then(pl.lit("event_after_end")),
@@ -375,8 +396,8 @@ def screen_checks(
 def _scroll_distance() -> pl.Expr:
     """Logged |scroll_delta|, else the move between this and the next offset on the same screen."""
     nxt = pl.when(pl.col("screen") == "feed").then(pl.col("scroll_top")).otherwise(pl.col("ipv_scroll"))
-    moved = (nxt.shift(-1).over("page_view_id") - nxt).abs()
-    same_screen = pl.col("screen").shift(-1).over("page_view_id") == pl.col("screen")
+    moved = (_in_view(nxt, -1) - nxt).abs()
+    same_screen = _in_view(pl.col("screen"), -1) == pl.col("screen")
     return pl.coalesce(pl.col("scroll_delta").abs(), pl.when(same_screen).then(moved)).cast(pl.Int32)
 
 
@@ -432,7 +453,8 @@ def _detail_page_legality(
         .when((pl.col("screen") == "feed") | (pl.col("action") == "back_home"))
         .then(pl.lit(closed))
     )
-    open_before = setter.shift(1).forward_fill().over("page_view_id")
+    # a view starts with nothing open: ``closed`` there also keeps the fill inside the view
+    open_before = pl.when(_view_start()).then(pl.lit(closed)).otherwise(setter.shift(1)).forward_fill()
     review_counts = items.select("item_id", pl.col("review_count").alias("_reviews"))
     events = events.with_columns(
         pl.when(pl.col("screen") == "ipv")
@@ -488,7 +510,7 @@ def build_steps(events: pl.DataFrame, items: pl.DataFrame, known: pl.DataFrame) 
     action = pl.col("action")
     return (
         events.sort("page_view_id", "_eid")
-        .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over("page_view_id").alias("step"))
+        .with_columns(_index_in_view().alias("step"))
         .join(
             titles.rename({"item_id": "_target", "title": "target_title"}),
             left_on="item_id",
