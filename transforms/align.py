@@ -363,7 +363,9 @@ def screen_checks(
     geometry: Geometry,
     pseudonymize: Pseudonymize,
 ) -> Checked:
-    """What was on screen: visible cards, click targets, scroll legality, open detail page."""
+    """What was on screen: visible cards, click targets, scroll legality, open detail page.
+
+    ``items``: ``item_context`` by catalog row (row k describes the item that ``_item`` = k names)."""
     events = events.with_row_index("_eid")
     visible = visible_cards(events, layout, geometry)
     # layouts() put each view's max feed_height on all its cards: its rank-0 card speaks for it
@@ -445,27 +447,30 @@ def _feed_legality(
 def _detail_page_legality(
     events: pl.DataFrame, items: pl.DataFrame, geometry: Geometry, pseudonymize: Pseudonymize
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The detail page open at each ipv step is the last click not followed by a return to the feed."""
-    closed = "\x00closed"
+    """The detail page open at each ipv step is the last click not followed by a return to the feed:
+    ``_open_item`` its catalog row (``items``: ``item_context`` by row), ``_open`` its id."""
+    closed = -1
     setter = (
         pl.when(pl.col("action") == "click")
-        .then(pl.col("item_id"))
+        .then(pl.col("_item").cast(pl.Int64))
         .when((pl.col("screen") == "feed") | (pl.col("action") == "back_home"))
         .then(pl.lit(closed))
     )
     # a view starts with nothing open: ``closed`` there also keeps the fill inside the view
     open_before = pl.when(_view_start()).then(pl.lit(closed)).otherwise(setter.shift(1)).forward_fill()
-    review_counts = items.select("item_id", pl.col("review_count").alias("_reviews"))
+    ipv = pl.col("screen") == "ipv"
     events = events.with_columns(
-        pl.when(pl.col("screen") == "ipv")
-        .then(pl.when(open_before != closed).then(open_before))
-        .alias("_open"),
-        pl.when(pl.col("screen") == "ipv")
+        pl.when(ipv & (open_before != closed))
+        .then(open_before)
+        .cast(pl.get_index_type())
+        .alias("_open_item"),
+        pl.when(ipv)
         .then(pl.col("scroll_top").forward_fill().over("page_view_id"))
         .otherwise(pl.col("scroll_top"))
         .alias("scroll_top"),
-    ).join(review_counts.rename({"item_id": "_open"}), on="_open", how="left", maintain_order="left")
-    ipv = pl.col("screen") == "ipv"
+    )
+    opened = items.select("item_id", "review_count").gather(events["_open_item"])
+    events = events.with_columns(opened["item_id"].alias("_open"), opened["review_count"].alias("_reviews"))
     reason = (
         pl.when(ipv & pl.col("_open").is_null())
         .then(pl.lit("ipv_without_open_item"))
@@ -504,25 +509,16 @@ def profile_context(profiles: pl.DataFrame) -> pl.DataFrame:
 
 
 def build_steps(events: pl.DataFrame, items: pl.DataFrame, known: pl.DataFrame) -> pl.DataFrame:
-    """One row per accepted event, in session order, with item (``item_context``) and profile
-    (``profile_context``) context."""
-    titles = items.select("item_id", "title")
+    """One row per accepted event, in session order, with item (``item_context`` by catalog row, as
+    in ``screen_checks``) and profile (``profile_context``) context."""
     action = pl.col("action")
+    events = events.sort("page_view_id", "_eid")
+    titles = items["title"]
     return (
-        events.sort("page_view_id", "_eid")
-        .with_columns(_index_in_view().alias("step"))
-        .join(
-            titles.rename({"item_id": "_target", "title": "target_title"}),
-            left_on="item_id",
-            right_on="_target",
-            how="left",
-            maintain_order="left",
-        )
-        .join(
-            titles.rename({"item_id": "_open", "title": "ipv_item_title"}),
-            on="_open",
-            how="left",
-            maintain_order="left",
+        events.with_columns(
+            _index_in_view().alias("step"),
+            titles.gather(events["_item"]).alias("target_title"),
+            titles.gather(events["_open_item"]).alias("ipv_item_title"),
         )
         .join(known, on="user_id", how="left", maintain_order="left")
         .with_columns(
@@ -546,9 +542,9 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
     """One row per page view: counts, terminal state, categories.
 
     ``layout``: ``layouts`` with ``page_view_id`` renamed ``session_id``; ``items``: ``item_context``
-    of the clicked items and the cards of each view's first screen.
+    by catalog row (steps and cards carry theirs as ``_item``).
     """
-    top = items.select("item_id", pl.col("top_category").alias("_top"))
+    top = pl.lit(items["top_category"]).gather(pl.col("_item")).alias("_top")
     action = pl.col("action")
     sessions = steps.group_by("session_id").agg(
         pl.col("user_id").first(),
@@ -564,7 +560,7 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
     )
     clicked = (
         steps.filter(action == "click")
-        .join(top, left_on="target_item_id", right_on="item_id")
+        .with_columns(top)
         .sort("session_id", "step")
         .group_by("session_id")
         .agg(
@@ -574,7 +570,7 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
     )
     shown = (
         layout.filter(pl.col("rank") < FIRST_SCREEN_CARDS)
-        .join(top, on="item_id")
+        .with_columns(top)
         .group_by("session_id", "_top")
         .agg(pl.len().alias("_n"), pl.col("rank").min().alias("_first"))
         .sort("session_id", "_n", "_first", descending=[False, True, False])

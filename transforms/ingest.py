@@ -465,9 +465,10 @@ class Catalog:
         nulls = pl.repeat(None, ids.len(), dtype=rows.dtype, eager=True).alias(ids.name)
         return nulls.scatter(order, rows)
 
-    def context(self, rows: pl.Series) -> pl.DataFrame:
-        """``align.item_context`` of the catalog rows ``rows``."""
-        return self.frame.drop("_h", "_check").gather(rows.drop_nulls().unique().sort())
+    @property
+    def context(self) -> pl.DataFrame:
+        """``align.item_context`` by catalog row: row k describes the item a ``_item`` of k names."""
+        return self.frame.drop("_h", "_check")
 
 
 def _check_hash(ids: pl.Series | pl.Expr) -> pl.Series | pl.Expr:
@@ -607,8 +608,7 @@ def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudony
     ordered, order_flags = align.order_events(checked.rows, pseudonymize)
     ordered, after_end = align.drop_after_end(ordered, pseudonymize)
     layout = align.layouts(cards.rows)
-    first_screens = layout.filter(pl.col("rank") < align.FIRST_SCREEN_CARDS)["_item"]
-    items = catalog.context(pl.concat([first_screens, ordered["_item"]]))  # what the steps and sessions use
+    items = catalog.context
     screens = align.screen_checks(ordered, layout, items, ctx.settings.geometry, pseudonymize)
     steps = align.build_steps(screens.rows, items, ctx.profiles)
     layout, orphans = _sessionless_feeds(layout, steps["page_view_id"].unique(), pseudonymize)
@@ -713,8 +713,13 @@ def key_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> dict[str,
     layout = layout.with_columns(ctx.catalog.keys.gather(layout["_item"]).alias("item_id"))
     by_view = {"how": "left", "maintain_order": "left", "on": "session_id"}
     steps = part.steps.drop("user_id").join(views, **by_view)
+    keys = pl.lit(ctx.catalog.keys)  # target and open item: pseudonyms by their catalog rows
     tables = {
-        "steps": steps.with_columns(_visible_keys(steps, ctx.catalog, pseudonymize)),
+        "steps": steps.with_columns(
+            _visible_keys(steps, ctx.catalog, pseudonymize),
+            pl.when(pl.col("action") == "click").then(keys.gather(pl.col("_item"))).alias("target_item_id"),
+            keys.gather(pl.col("_open_item")).alias("ipv_item_id"),
+        ),
         "feed_layouts": layout,
         "sessions": part.sessions.drop("user_id").join(views, **by_view),
     }
@@ -725,7 +730,7 @@ def key_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> dict[str,
             ctx.settings,
             pseudonymize,
             ctx.catalog,
-            ("session_id", "user_id", "item_id", "visible_items"),
+            ("session_id", "user_id", "item_id", "visible_items", "target_item_id", "ipv_item_id"),
         )
         for name, frame in tables.items()
     }

@@ -101,6 +101,11 @@ def test_per_view_shifts_equal_the_window_forms(seed):
     assert got.equals(want)
 
 
+ITEMS = pl.DataFrame(  # ``item_context`` by catalog row: itm-k is row k - 1
+    {"item_id": ["itm-1", "itm-2", "itm-3"], "title": ["a", "b", "c"], "review_count": [0, 0, 0]}
+)
+
+
 def detail_page_events(seed: int, views: int = 30) -> pl.DataFrame:
     """Views grouped in order (as ``order_events`` leaves them) that open, leave and reopen detail
     pages; some start on a detail page with nothing opened in them."""
@@ -122,6 +127,7 @@ def detail_page_events(seed: int, views: int = 30) -> pl.DataFrame:
                 "screen": screen,
                 "action": action,
                 "item_id": item,
+                "_item": None if item is None else int(item[4:]) - 1,  # its row in ITEMS
                 "scroll_top": 0,
                 "review_index": None,
                 "_file": "events/a.parquet",
@@ -129,7 +135,7 @@ def detail_page_events(seed: int, views: int = 30) -> pl.DataFrame:
             }
             for n, (screen, action, item, v) in enumerate(rows)
         ],
-        schema_overrides={"review_index": pl.Int32},
+        schema_overrides={"review_index": pl.Int32, "_item": pl.get_index_type()},
     )
 
 
@@ -157,10 +163,11 @@ def reference_open_items(events: pl.DataFrame) -> tuple[dict[int, str], dict[int
 @pytest.mark.parametrize("seed", range(6))
 def test_the_open_detail_page_stays_inside_its_view(seed):
     events = detail_page_events(seed)
-    items = pl.DataFrame({"item_id": ["itm-1", "itm-2", "itm-3"], "review_count": [0, 0, 0]})
-    kept, rejected = align._detail_page_legality(events, items, None, None)
+    kept, rejected = align._detail_page_legality(events, ITEMS, None, None)
     expected_open, expected_reasons = reference_open_items(events)
     assert dict(rejected.select("source_row", "reason").iter_rows()) == expected_reasons
     opened = kept.filter(pl.col("screen") == "ipv").select("_row", "_open")
     assert dict(opened.iter_rows()) == expected_open
+    rows = kept.filter(pl.col("screen") == "ipv").select("_open", pl.col("_open_item").cast(pl.Int64) + 1)
+    assert all(item == f"itm-{row}" for item, row in rows.iter_rows())  # the row names the same item
     assert "ipv_without_open_item" in expected_reasons.values() and expected_open  # both cases occur
