@@ -558,8 +558,9 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         (action == "end").any().alias("ended"),
         pl.col("profile_missing").first(),
     )
-    clicked = (
-        steps.filter(action == "click")
+    clicked = (  # lazy: the filter reads the few columns used, not every step column
+        steps.lazy()
+        .filter(action == "click")
         .with_columns(top)
         .sort("session_id", "step")
         .group_by("session_id")
@@ -567,6 +568,7 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
             pl.col("_top").unique(maintain_order=True).alias("categories"),
             pl.col("_top").mode().sort().first().alias("_clicked_top"),
         )
+        .collect()
     )
     shown = (
         layout.filter(pl.col("rank") < FIRST_SCREEN_CARDS)
