@@ -544,7 +544,6 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
     ``layout``: ``layouts`` with ``page_view_id`` renamed ``session_id``; ``items``: ``item_context``
     by catalog row (steps and cards carry theirs as ``_item``).
     """
-    top = pl.lit(items["top_category"]).gather(pl.col("_item")).alias("_top")
     action = pl.col("action")
     sessions = steps.group_by("session_id").agg(
         pl.col("user_id").first(),
@@ -558,21 +557,19 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         (action == "end").any().alias("ended"),
         pl.col("profile_missing").first(),
     )
-    clicked = (  # lazy: the filter reads the few columns used, not every step column
-        steps.lazy()
-        .filter(action == "click")
-        .with_columns(top)
+    clicks = steps.select("session_id", "step", "_item").filter(steps["action"] == "click")
+    cards = layout.filter(pl.col("rank") < FIRST_SCREEN_CARDS)
+    clicked = (
+        _with_top_category(clicks, items)
         .sort("session_id", "step")
         .group_by("session_id")
         .agg(
             pl.col("_top").unique(maintain_order=True).alias("categories"),
             pl.col("_top").mode().sort().first().alias("_clicked_top"),
         )
-        .collect()
     )
     shown = (
-        layout.filter(pl.col("rank") < FIRST_SCREEN_CARDS)
-        .with_columns(top)
+        _with_top_category(cards, items)
         .group_by("session_id", "_top")
         .agg(pl.len().alias("_n"), pl.col("rank").min().alias("_first"))
         .sort("session_id", "_n", "_first", descending=[False, True, False])
@@ -603,6 +600,11 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         )
         .sort("session_id")
     )
+
+
+def _with_top_category(rows: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` with the top category of their catalog row ``_item`` as ``_top``."""
+    return rows.with_columns(items["top_category"].gather(rows["_item"]).alias("_top"))
 
 
 def build_items(items: pl.DataFrame) -> pl.DataFrame:

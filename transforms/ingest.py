@@ -713,12 +713,13 @@ def key_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer) -> dict[str,
     layout = layout.with_columns(ctx.catalog.keys.gather(layout["_item"]).alias("item_id"))
     by_view = {"how": "left", "maintain_order": "left", "on": "session_id"}
     steps = part.steps.drop("user_id").join(views, **by_view)
-    keys = pl.lit(ctx.catalog.keys)  # target and open item: pseudonyms by their catalog rows
+    keys = ctx.catalog.keys  # target and open item: pseudonyms by their catalog rows
+    targets = keys.gather(steps.select(pl.when(pl.col("action") == "click").then("_item")).to_series())
     tables = {
         "steps": steps.with_columns(
             _visible_keys(steps, ctx.catalog, pseudonymize),
-            pl.when(pl.col("action") == "click").then(keys.gather(pl.col("_item"))).alias("target_item_id"),
-            keys.gather(pl.col("_open_item")).alias("ipv_item_id"),
+            targets.alias("target_item_id"),
+            keys.gather(steps["_open_item"]).alias("ipv_item_id"),
         ),
         "feed_layouts": layout,
         "sessions": part.sessions.drop("user_id").join(views, **by_view),
