@@ -7,7 +7,11 @@ Two passes, so memory is bounded by a part, not by the bundle:
    file about a row group at a time, small ones several at a time), rejects collected.
    ``events`` and ``feeds`` rows are split into parts by a hash of ``page_view_id``, kept in
    memory up to ``memory_rows`` and otherwise spilled under
-   ``LAKE/.staging/spill-<token>/<table>/part=<p>/``. ``items`` that make one chunk stay in
+   ``LAKE/.staging/spill-<token>/<table>/part=<p>/``. Beyond ``memory_rows``, feeds whose files
+   are all Parquet with each view's cards together (the usual layout) are not spilled: a view
+   belongs to the part its first card falls in, only ``page_view_id`` is read here, and pass 2
+   reads each part's feed rows in place, in order (``FeedsInPlace``); the events are spilled by
+   that map. ``items`` that make one chunk stay in
    memory, their ids and image refs keyed in the writer thread meanwhile; items that make
    several are left to pass 2, which reads them once (their text is too large to keep or
    spill), after a read of their id column alone for the duplicate check. Profiles and history
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import uuid
 from collections import deque
@@ -52,6 +57,7 @@ from transforms.lake import STAGING, StagedTable, write_quarantine
 from transforms.readers import (
     TableRead,
     check_bundle,
+    chunk_plan,
     empty_rejects,
     empty_typed,
     estimated_rows,
@@ -257,6 +263,8 @@ class Raw:
     # are too large to keep in memory or to spill)
     read_items: Callable[[], Iterator[TableRead]] | None = None
     item_ids: Callable[[], list[pl.Series]] | None = None
+    # set when the feeds are read in place in pass 2 instead of spilled (``FeedsInPlace``)
+    feeds_in_place: FeedsInPlace | None = None
 
     def add(self, chunk: TableRead) -> None:
         self.count(chunk)
@@ -288,7 +296,12 @@ class Raw:
         if self.parts == 1:
             self.spill.add(table, 0, frame)
             return
-        split = frame.with_columns(_part_of(self.parts).alias("_part"))
+        part = _part_of(self.parts)
+        if self.feeds_in_place is not None:  # the part of the view's feed rows; views without any: hashed
+            views = self.feeds_in_place.views
+            frame = frame.join(views, on="page_view_id", how="left", maintain_order="left")
+            part = pl.coalesce("_view_part", part)
+        split = frame.with_columns(part.alias("_part")).drop("_view_part", strict=False)
         for (part,), rows in split.partition_by("_part", as_dict=True, maintain_order=True).items():
             self.spill.add(table, int(part), rows.drop("_part"))
 
@@ -303,6 +316,12 @@ class Raw:
                 self.count(chunk)
             if chunk.frame.width and chunk.frame.height:
                 yield chunk.frame
+
+    def feeds(self, part: int) -> pl.DataFrame:
+        """The accepted feed rows of ``part``, in source order (pass 2)."""
+        if self.feeds_in_place is None:
+            return self.spill.read("feeds", part)
+        return self.feeds_in_place.take(part, self.count)
 
     def item_id_hashes(self) -> list[pl.Series]:
         """``_id_hash`` of the item ids: of every accepted row, or (items left to pass 2) of every
@@ -321,9 +340,13 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
     rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
     parts = max(1, -(-rows // per_part))
     on_disk = {"events", "feeds"} if parts > 1 and rows > settings.memory_rows else set()
-    raw = Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts)
+    unit, chunk = settings.timestamp_unit, read_chunk_rows(settings)
+    in_place = FeedsInPlace.plan(root, parts, chunk) if on_disk else None
+    if in_place is not None:
+        on_disk.discard("feeds")
+        in_place.open = lambda: read_tables(root, ("feeds",), unit, pseudonymize, chunk)
+    raw = Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts, feeds_in_place=in_place)
     if estimated_rows(root, "items") > read_chunk_rows(settings):
-        unit, chunk = settings.timestamp_unit, read_chunk_rows(settings)
         raw.read_items = lambda: read_tables(root, ("items",), unit, pseudonymize, chunk)
         raw.item_ids = lambda: _item_id_column_hashes(root) or [
             frame.select(_id_hash("item_id")).to_series() for frame in raw.item_frames()
@@ -349,12 +372,115 @@ def _item_id_column_hashes(root: Path) -> list[pl.Series] | None:
     return hashes
 
 
+@dataclass
+class FeedsInPlace:
+    """Feeds read where they lie in pass 2, not spilled: when every feeds file is Parquet and each
+    page view's cards come together (the usual layout), a view belongs to the part its first card
+    falls in (rows numbered over the files in ``_file`` order), so a part's feeds are one run of
+    whole views. One reader walks the files once, in order, and hands each part its rows; pass 1
+    reads the ``page_view_id`` column alone and spills only the events, by the same map."""
+
+    views: pl.DataFrame  # page_view_id, _view_part
+    cuts: pl.Series  # the global row where each part's feed rows begin
+    bases: dict[str, int]  # _file -> global row of its first row
+    open: Callable[[], Iterator[TableRead]] | None = None  # the typed chunks, in order
+    chunks: Iterator[TableRead] | None = None
+    ready: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
+    complete_below: int = 0  # parts below this one have all their rows in ``ready``
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def plan(cls, root: Path, parts: int, chunk_rows: int) -> FeedsInPlace | None:
+        """None when the feeds are not all Parquet, or some view's cards are not together."""
+        found = _feed_view_runs(root, chunk_rows)
+        if found is None:
+            return None
+        runs, bases = found
+        total = int(runs["_rows"].sum())
+        per_part = max(1, -(-total // parts))
+        part = (pl.col("_start") // per_part).clip(upper_bound=parts - 1)
+        runs = runs.with_columns(part.alias("_view_part"))
+        first_run = runs["_view_part"].search_sorted(pl.Series(range(parts), dtype=pl.Int64), side="left")
+        starts = pl.concat([runs["_start"], pl.Series([total], dtype=pl.Int64)])
+        views = runs.filter(pl.col("page_view_id").is_not_null()).select(
+            "page_view_id", pl.col("_view_part").cast(pl.Int32)
+        )
+        return cls(views, starts.gather(first_run), bases)
+
+    def take(self, part: int, count: Callable[[TableRead], None]) -> pl.DataFrame:
+        """The feed rows of ``part``; reads on (counting each chunk once) until the part is whole."""
+        with self.lock:
+            if self.chunks is None:
+                self.chunks = self.open()
+            while part >= self.complete_below:
+                chunk = next(self.chunks, None)
+                if chunk is None:
+                    self.complete_below = len(self.cuts)
+                    break
+                count(chunk)
+                self._deal(chunk.frame)
+            frames = self.ready.pop(part, [])
+        return _stack(frames, "feeds").rechunk()
+
+    def _deal(self, frame: pl.DataFrame) -> None:
+        """Split a typed chunk (rows in global order) where parts begin."""
+        if frame.width == 0 or frame.height == 0:
+            return
+        files = frame["_file"]
+        if files[0] == files[-1]:  # files come in order: one file (the usual chunk)
+            rows = frame["_row"] + self.bases[files[0]]
+        else:
+            rows = frame.select(pl.col("_file").replace_strict(self.bases) + pl.col("_row")).to_series()
+        bounds = [*rows.search_sorted(self.cuts, side="left").to_list(), frame.height]
+        first = self.cuts.search_sorted(rows[0], side="right") - 1
+        last = self.cuts.search_sorted(rows[-1], side="right") - 1
+        for p in range(first, last + 1):
+            start = 0 if p == first else bounds[p]
+            self.ready.setdefault(p, []).append(frame.slice(start, bounds[p + 1] - start))
+        self.complete_below = last
+
+
+def _feed_view_runs(root: Path, chunk_rows: int) -> tuple[pl.DataFrame, dict[str, int]] | None:
+    """The feeds' runs of one page view (``page_view_id``, ``_start``: global row, ``_rows``), read
+    from that column alone, with the global row of each file's first row (files in ``_file`` order);
+    None unless every file is Parquet with a string column and every view is one run (null ids,
+    rejected when typed, may recur)."""
+    pieces, bases, offset = [], {}, 0
+    for chunk in chunk_plan(root, "feeds", chunk_rows):
+        for path in chunk.paths:
+            if file_format(path) != "parquet":
+                return None
+            bases.setdefault(path.relative_to(root).as_posix(), offset)
+            scan = pl.scan_parquet(path, hive_partitioning=False).select("page_view_id")
+            try:
+                column = (scan.slice(*chunk.rows) if chunk.rows else scan).collect().to_series()
+            except Exception:  # unreadable, or no such column: the spilled path reports it
+                return None
+            if column.dtype != pl.String:
+                return None
+            pieces.append(column.rle().struct.unnest())
+            offset += column.len()
+    if not pieces:
+        return None
+    runs = (
+        pl.concat(pieces)
+        .group_by(pl.col("value").rle_id().alias("_run"), maintain_order=True)
+        .agg(pl.col("value").first().alias("page_view_id"), pl.col("len").sum().cast(pl.Int64).alias("_rows"))
+        .select("page_view_id", (pl.col("_rows").cum_sum() - pl.col("_rows")).alias("_start"), "_rows")
+    )
+    if runs["page_view_id"].drop_nulls().is_duplicated().any():
+        return None
+    return runs, bases
+
+
 def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
     """Pass 1 over a raw bundle folder: one chunk in memory at a time."""
     raw = _plan(root, settings, pseudonymize, run)
     for name in RAW_TABLES:
         raw.reads[name] = TableRead(name, pl.DataFrame(), empty_rejects(), 0)
-    tables = [t for t in RAW_TABLES if t != "items" or raw.read_items is None]
+    deferred = {"items"} if raw.read_items else set()
+    deferred |= {"feeds"} if raw.feeds_in_place else set()
+    tables = [t for t in RAW_TABLES if t not in deferred]
     chunks = read_tables(root, tables, settings.timestamp_unit, pseudonymize, read_chunk_rows(settings))
     for chunk in chunks:
         raw.add(chunk)
@@ -903,7 +1029,7 @@ def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
 
     def aligned(p: int) -> tuple[Part, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
-        return align_part(source.spill.read("events", p), source.spill.read("feeds", p), ctx, keys), keys
+        return align_part(source.spill.read("events", p), source.feeds(p), ctx, keys), keys
 
     with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
         running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))

@@ -118,6 +118,8 @@ def test_cross_part_faults_give_the_one_part_lake(tmp_path, monkeypatch, setting
     assert written == {"part-0.parquet", "part-1.parquet", "part-2.parquet"}
     spilled_parts = {path.parent.name for path in spilled}
     assert spilled_parts == ({"part=0", "part=1", "part=2"} if settings.memory_rows == 0 else set())
+    # view c's stray card comes after view d's cards: the feeds are not grouped by view, so spilled
+    assert {path.parent.parent.name for path in spilled} == ({"events", "feeds"} if spilled else set())
     _same_lakes(tmp_path / "one", tmp_path / "many")
     assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
     assert parted.quarantine_by_reason == single.quarantine_by_reason
@@ -130,6 +132,71 @@ def test_cross_part_faults_give_the_one_part_lake(tmp_path, monkeypatch, setting
     assert reasons["duplicate_item_id"] == 1 and reasons["item_not_in_catalog"] == 1
     assert parted.flagged_by_reason["missing_profile"] == 1  # usr-3, steps in two parts: one flag
     assert parted.counts["events"].duplicates == 1  # the exact repeat, merged
+
+
+def grouped_feeds_bundle() -> dict[str, list[dict]]:
+    """cross_part_bundle with every view's cards together (c's stray card moved into c's run) and
+    feed faults: an exact repeat of a card, a catalog item shown with no width, a card without a page
+    view (between two views)."""
+    bundle = cross_part_bundle()
+    a, b, c, d = (bundle["feeds"][n]["page_view_id"] for n in (0, 8, 16, 24))
+    spare = dict(bundle["items"][1], item_id="itm-spare")
+    bundle["items"] = [*bundle["items"], spare]
+    bundle["feeds"] = [
+        *feeds(a)[:2], dict(feeds(a)[1]), *feeds(a)[2:],
+        *feeds(b), dict(feeds(b)[0], page_view_id=None),
+        *feeds(c), dict(feeds(c)[0], item_id="itm-404"),
+        *feeds(d), dict(feeds(d)[0], item_id="itm-spare", width=0),
+    ]  # fmt: skip
+    return bundle
+
+
+def split_feeds(raw: Path, rows_per_file: int, row_group: int) -> None:
+    """Rewrite the one feeds file as several, with small row groups: views straddle files and chunks."""
+    table = pq.read_table(raw / "feeds" / "part-0.parquet")
+    (raw / "feeds" / "part-0.parquet").unlink()
+    for n, start in enumerate(range(0, table.num_rows, rows_per_file)):
+        piece = table.slice(start, rows_per_file)
+        pq.write_table(piece, raw / "feeds" / f"part-{n}.parquet", row_group_size=row_group)
+
+
+def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, monkeypatch):
+    raw = tmp_path / "raw"
+    write_bundle(grouped_feeds_bundle(), raw)
+    # read in chunks of rows 0-20, 21-23 (file 0) and 24-35 (file 1): view c (rows 18-26) spans all three
+    split_feeds(raw, rows_per_file=24, row_group=7)
+    spilled: list[Path] = []
+    real_spill = ingest_module._write_spill
+
+    def spy(batch):
+        spilled.extend(path for _, path in batch)
+        real_spill(batch)
+
+    monkeypatch.setattr(ingest_module, "_write_spill", spy)
+    single, parted = _ingest_both(raw, tmp_path, ThreeParts())
+    assert {path.parent.parent.name for path in spilled} == {"events"}  # no feed row spilled
+    assert len({p.name for p in table_files(tmp_path / "many", "feed_layouts")}) > 1  # parts ran
+    _same_lakes(tmp_path / "one", tmp_path / "many")
+    assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
+    assert parted.quarantine_by_reason == single.quarantine_by_reason
+    assert parted.flagged_by_reason == single.flagged_by_reason
+    reasons, feeds_count = parted.quarantine_by_reason, parted.counts["feeds"]
+    assert reasons["item_not_in_catalog"] == 1 and reasons["invalid_geometry"] == 1
+    assert reasons["missing_required_field"] == 1  # the card without a page view, counted once
+    assert feeds_count.rows_in == 36 and feeds_count.duplicates == 1
+    assert reasons["duplicate_event_id"] == 1 and reasons["page_view_user_conflict"] == 1
+
+
+def test_feed_view_runs_merge_across_files_and_refuse_split_views(tmp_path):
+    raw = tmp_path / "raw"
+    write_bundle(grouped_feeds_bundle(), raw)
+    split_feeds(raw, rows_per_file=24, row_group=7)
+    runs, bases = ingest_module._feed_view_runs(raw, 4)
+    assert bases == {"feeds/part-0.parquet": 0, "feeds/part-1.parquet": 24}
+    assert runs["_rows"].sum() == 36 and runs["_start"].to_list()[:3] == [0, 9, 17]
+    assert runs["page_view_id"].null_count() == 1  # the card without a view, a run of its own
+    write_bundle(cross_part_bundle(), tmp_path / "mixed")  # view c's stray card after d's cards
+    assert ingest_module._feed_view_runs(tmp_path / "mixed", 4) is None
 
 
 class ItemChunks(IngestSettings):
@@ -221,8 +288,9 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
     )
 
 
-def test_partitioned_rerun_gives_identical_files(tmp_path):
-    write_bundle(cross_part_bundle(), tmp_path / "raw")
+@pytest.mark.parametrize("bundle", [cross_part_bundle, grouped_feeds_bundle], ids=["spilled", "in-place"])
+def test_partitioned_rerun_gives_identical_files(tmp_path, bundle):
+    write_bundle(bundle(), tmp_path / "raw")
     lake = tmp_path / "lake"
     ingest_bundle(tmp_path / "raw", lake, ThreeParts())
     before = {p.relative_to(lake): p.read_bytes() for t in TABLES for p in table_files(lake, t)}
