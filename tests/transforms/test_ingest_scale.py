@@ -101,17 +101,23 @@ def _ingest_both(raw: Path, tmp_path: Path, settings: IngestSettings):
     return single, parted
 
 
-@pytest.mark.parametrize("settings", [ThreeParts(), ThreePartsInMemory()], ids=["on-disk", "in-memory"])
-def test_cross_part_faults_give_the_one_part_lake(tmp_path, monkeypatch, settings):
-    write_bundle(cross_part_bundle(), tmp_path / "raw")
-    spilled: list[Path] = []
+@pytest.fixture
+def spilled(monkeypatch) -> list[Path]:
+    """The paths of the spill files a run writes."""
+    paths: list[Path] = []
     real_spill = ingest_module._write_spill
 
     def spy(batch):
-        spilled.extend(path for _, path in batch)
+        paths.extend(path for _, path in batch)
         real_spill(batch)
 
     monkeypatch.setattr(ingest_module, "_write_spill", spy)
+    return paths
+
+
+@pytest.mark.parametrize("settings", [ThreeParts(), ThreePartsInMemory()], ids=["on-disk", "in-memory"])
+def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings):
+    write_bundle(cross_part_bundle(), tmp_path / "raw")
     single, parted = _ingest_both(tmp_path / "raw", tmp_path, settings)
     # several part files per bucket prove the parts ran (a one-part run writes part-0 only)
     written = {p.name for p in table_files(tmp_path / "many", "feed_layouts")}
@@ -160,19 +166,11 @@ def split_feeds(raw: Path, rows_per_file: int, row_group: int) -> None:
         pq.write_table(piece, raw / "feeds" / f"part-{n}.parquet", row_group_size=row_group)
 
 
-def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, monkeypatch):
+def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, spilled):
     raw = tmp_path / "raw"
     write_bundle(grouped_feeds_bundle(), raw)
     # read in chunks of rows 0-20, 21-23 (file 0) and 24-35 (file 1): view c (rows 18-26) spans all three
     split_feeds(raw, rows_per_file=24, row_group=7)
-    spilled: list[Path] = []
-    real_spill = ingest_module._write_spill
-
-    def spy(batch):
-        spilled.extend(path for _, path in batch)
-        real_spill(batch)
-
-    monkeypatch.setattr(ingest_module, "_write_spill", spy)
     single, parted = _ingest_both(raw, tmp_path, ThreeParts())
     assert {path.parent.parent.name for path in spilled} == {"events"}  # no feed row spilled
     assert len({p.name for p in table_files(tmp_path / "many", "feed_layouts")}) > 1  # parts ran
