@@ -344,7 +344,7 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
     in_place = FeedsInPlace.plan(root, parts, chunk) if on_disk else None
     if in_place is not None:
         on_disk.discard("feeds")
-        in_place.open = lambda: read_tables(root, ("feeds",), unit, pseudonymize, chunk)
+        in_place.read_chunks = lambda: read_tables(root, ("feeds",), unit, pseudonymize, chunk)
     raw = Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts, feeds_in_place=in_place)
     if estimated_rows(root, "items") > read_chunk_rows(settings):
         raw.read_items = lambda: read_tables(root, ("items",), unit, pseudonymize, chunk)
@@ -383,7 +383,7 @@ class FeedsInPlace:
     views: pl.DataFrame  # page_view_id, _view_part
     cuts: pl.Series  # the global row where each part's feed rows begin
     bases: dict[str, int]  # _file -> global row of its first row
-    open: Callable[[], Iterator[TableRead]] | None = None  # the typed chunks, in order
+    read_chunks: Callable[[], Iterator[TableRead]] | None = None  # the typed chunks, in order
     chunks: Iterator[TableRead] | None = None
     ready: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
     complete_below: int = 0  # parts below this one have all their rows in ``ready``
@@ -411,7 +411,7 @@ class FeedsInPlace:
         """The feed rows of ``part``; reads on (counting each chunk once) until the part is whole."""
         with self.lock:
             if self.chunks is None:
-                self.chunks = self.open()
+                self.chunks = self.read_chunks()
             while part >= self.complete_below:
                 chunk = next(self.chunks, None)
                 if chunk is None:
