@@ -298,10 +298,8 @@ class Raw:
             return
         part = _part_of(self.parts)
         if self.feeds_in_place is not None:  # the part of the view's feed rows; views without any: hashed
-            views = self.feeds_in_place.views
-            frame = frame.join(views, on="page_view_id", how="left", maintain_order="left")
-            part = pl.coalesce("_view_part", part)
-        split = frame.with_columns(part.alias("_part")).drop("_view_part", strict=False)
+            part = pl.coalesce(self.feeds_in_place.part_of(frame["page_view_id"]), part)
+        split = frame.with_columns(part.alias("_part"))
         for (part,), rows in split.partition_by("_part", as_dict=True, maintain_order=True).items():
             self.spill.add(table, int(part), rows.drop("_part"))
 
@@ -380,7 +378,8 @@ class FeedsInPlace:
     whole views. One reader walks the files once, in order, and hands each part its rows; pass 1
     reads the ``page_view_id`` column alone and spills only the events, by the same map."""
 
-    views: pl.DataFrame  # page_view_id, _view_part
+    views: pl.DataFrame  # _h (a hash of page_view_id; sorted, unique), _view_part
+    seed: int
     cuts: pl.Series  # the global row where each part's feed rows begin
     bases: dict[str, int]  # _file -> global row of its first row
     read_chunks: Callable[[], Iterator[TableRead]] | None = None  # the typed chunks, in order
@@ -402,10 +401,25 @@ class FeedsInPlace:
         runs = runs.with_columns(part.alias("_view_part"))
         first_run = runs["_view_part"].search_sorted(pl.Series(range(parts), dtype=pl.Int64), side="left")
         starts = pl.concat([runs["_start"], pl.Series([total], dtype=pl.Int64)])
-        views = runs.filter(pl.col("page_view_id").is_not_null()).select(
-            "page_view_id", pl.col("_view_part").cast(pl.Int32)
-        )
-        return cls(views, starts.gather(first_run), bases)
+        views = runs.filter(pl.col("page_view_id").is_not_null())
+        seed = ID_SEED
+        while (hashes := views["page_view_id"].hash(seed)).n_unique() < views.height:
+            seed += 1  # two views share a hash under this seed: another one separates them
+        views = views.select(hashes.alias("_h"), pl.col("_view_part").cast(pl.Int32)).sort("_h")
+        return cls(views, seed, starts.gather(first_run), bases)
+
+    def part_of(self, ids: pl.Series) -> pl.Series:
+        """The part of each page view; null for a view without feed rows (whose events are rejected
+        in any part: should its hash equal a feed view's, odds about 2^-64, it lands in that view's
+        part and finds no cards there either). Sorted probes meet the sorted views in one merge join,
+        as in ``Catalog.index``: the cost follows the probes, not the number of views."""
+        hashes = ids.hash(self.seed)
+        order = hashes.arg_sort()
+        probes = pl.DataFrame({"_h": hashes.gather(order)}).with_columns(pl.col("_h").set_sorted())
+        views = self.views.with_columns(pl.col("_h").set_sorted())
+        found = probes.join(views, on="_h", how="left", maintain_order="left")
+        parts = pl.repeat(None, ids.len(), dtype=pl.Int32, eager=True)
+        return parts.scatter(order, found["_view_part"]).alias("_view_part")
 
     def take(self, part: int, count: Callable[[TableRead], None]) -> pl.DataFrame:
         """The feed rows of ``part``; reads on (counting each chunk once) until the part is whole."""
