@@ -344,7 +344,7 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
         on_disk.discard("feeds")
         in_place.read_chunks = lambda: read_tables(root, ("feeds",), unit, pseudonymize, chunk)
     raw = Raw(Spill(run.spill, on_disk, run.writer, _preparations(settings)), parts, feeds_in_place=in_place)
-    if estimated_rows(root, "items") > read_chunk_rows(settings):
+    if estimated_rows(root, "items") > chunk:
         raw.read_items = lambda: read_tables(root, ("items",), unit, pseudonymize, chunk)
         raw.item_ids = lambda: _item_id_column_hashes(root) or [
             frame.select(_id_hash("item_id")).to_series() for frame in raw.item_frames()
@@ -378,7 +378,7 @@ class FeedsInPlace:
     whole views. One reader walks the files once, in order, and hands each part its rows; pass 1
     reads the ``page_view_id`` column alone and spills only the events, by the same map."""
 
-    views: pl.DataFrame  # _h (a hash of page_view_id; sorted, unique), _view_part
+    views: pl.DataFrame  # _h (a hash of page_view_id; flagged sorted, unique), _view_part
     seed: int
     cuts: pl.Series  # the global row where each part's feed rows begin
     bases: dict[str, int]  # _file -> global row of its first row
@@ -406,20 +406,13 @@ class FeedsInPlace:
         while (hashes := views["page_view_id"].hash(seed)).n_unique() < views.height:
             seed += 1  # two views share a hash under this seed: another one separates them
         views = views.select(hashes.alias("_h"), pl.col("_view_part").cast(pl.Int32)).sort("_h")
-        return cls(views, seed, starts.gather(first_run), bases)
+        return cls(views.with_columns(pl.col("_h").set_sorted()), seed, starts.gather(first_run), bases)
 
     def part_of(self, ids: pl.Series) -> pl.Series:
-        """The part of each page view; null for a view without feed rows (whose events are rejected
-        in any part: should its hash equal a feed view's, odds about 2^-64, it lands in that view's
-        part and finds no cards there either). Sorted probes meet the sorted views in one merge join,
-        as in ``Catalog.index``: the cost follows the probes, not the number of views."""
-        hashes = ids.hash(self.seed)
-        order = hashes.arg_sort()
-        probes = pl.DataFrame({"_h": hashes.gather(order)}).with_columns(pl.col("_h").set_sorted())
-        views = self.views.with_columns(pl.col("_h").set_sorted())
-        found = probes.join(views, on="_h", how="left", maintain_order="left")
-        parts = pl.repeat(None, ids.len(), dtype=pl.Int32, eager=True)
-        return parts.scatter(order, found["_view_part"]).alias("_view_part")
+        """The part of each page view (``_merge_lookup``); null for a view without feed rows (whose
+        events are rejected in any part: should its hash equal a feed view's, odds about 2^-64, it
+        lands in that view's part and finds no cards there either)."""
+        return _merge_lookup(ids.hash(self.seed), self.views, pl.col("_view_part")).alias("_view_part")
 
     def take(self, part: int, count: Callable[[TableRead], None]) -> pl.DataFrame:
         """The feed rows of ``part``; reads on (counting each chunk once) until the part is whole."""
@@ -595,20 +588,28 @@ class Catalog:
             found = self.index(ids.filter(present))
             nulls = pl.repeat(None, ids.len(), dtype=found.dtype, eager=True).alias(ids.name)
             return nulls.scatter(present.arg_true(), found)
-        hashes = ids.hash(self.seed)
-        order = hashes.arg_sort()  # sorted probes meet the sorted catalog in one merge: cache-friendly
-        probes = pl.DataFrame({"_h": hashes.gather(order), "_probe": _check_hash(ids).gather(order)})
-        found = probes.with_columns(pl.col("_h").set_sorted()).join(
-            self.by_hash, on="_h", how="left", maintain_order="left"
-        )
-        rows = found.select(pl.when(pl.col("_check") == pl.col("_probe")).then("_row")).to_series()
-        nulls = pl.repeat(None, ids.len(), dtype=rows.dtype, eager=True).alias(ids.name)
-        return nulls.scatter(order, rows)
+        confirmed = pl.when(pl.col("_check") == pl.col("_probe")).then("_row")
+        found = _merge_lookup(ids.hash(self.seed), self.by_hash, confirmed, {"_probe": _check_hash(ids)})
+        return found.alias(ids.name)
 
     @property
     def context(self) -> pl.DataFrame:
         """``align.item_context`` by catalog row: row k describes the item a ``_item`` of k names."""
         return self.frame.drop("_h", "_check")
+
+
+def _merge_lookup(
+    hashes: pl.Series, table: pl.DataFrame, value: pl.Expr, probes: dict[str, pl.Series] | None = None
+) -> pl.Series:
+    """``value`` of the row of ``table`` (``_h`` unique, flagged sorted) whose ``_h`` each hash is,
+    in the hashes' order; null where none (``probes``: columns beside each hash that ``value`` may
+    use). Sorted probes meet the sorted table in one merge join: the cost follows the probes, not
+    the table, which grows with the bundle."""
+    order = hashes.arg_sort()
+    beside = {name: column.gather(order) for name, column in (probes or {}).items()}
+    sorted_probes = pl.DataFrame({"_h": hashes.gather(order).set_sorted(), **beside})
+    found = sorted_probes.join(table, on="_h", how="left", maintain_order="left").select(value).to_series()
+    return pl.repeat(None, hashes.len(), dtype=found.dtype, eager=True).scatter(order, found)
 
 
 def _check_hash(ids: pl.Series | pl.Expr) -> pl.Series | pl.Expr:
