@@ -14,7 +14,9 @@ Variants, each run in its own process so peak RSS is its own:
   with Arrow's reader and writer (``pyarrow.parquet``);
 - ``floor-polars``: the same copy with Polars' reader and writer, for comparison.
 
-Each variant imports its libraries before its clock starts (``IMPORTS``).
+Each variant imports its libraries before its clock starts (``IMPORTS``). The report gives the
+median run's phases too, wall and CPU seconds each (ingest: read, items, align, write; the copies:
+read, write), so what the ingest spends beyond a copy can be read off.
 
 Appends a section to bench/RESULTS.md unless ``--no-record``.
 """
@@ -43,10 +45,18 @@ USERARENA_USERS = 11_010
 RAW_TABLES = ("profiles", "items", "feeds", "events", "history")
 
 
+#: (phase, wall clock, process CPU seconds) as each phase of the measured run starts
+PHASES: list[tuple[str, float, float]] = []
+
+
+def _phase(name: str) -> None:
+    PHASES.append((name, time.perf_counter(), _cpu_seconds()))
+
+
 def run_ingest(raw: Path, out: Path, target_bytes: int) -> int:
     from transforms.ingest import ingest_bundle
 
-    result = ingest_bundle(raw, out)
+    result = ingest_bundle(raw, out, progress=_phase)
     return result.counts["events"].rows_in
 
 
@@ -58,6 +68,7 @@ def run_floor(raw: Path, out: Path, target_bytes: int) -> int:
     def write(table, path: Path) -> None:
         pq.write_table(table, path, compression="zstd")
 
+    _phase("read")
     tables = {name: pq.read_table(raw / name) for name in RAW_TABLES}
     return _copy(tables, out, target_bytes, write, lambda table, rows: table.slice(0, rows))
 
@@ -69,12 +80,14 @@ def run_floor_polars(raw: Path, out: Path, target_bytes: int) -> int:
     def write(frame, path: Path) -> None:
         frame.write_parquet(path, compression="zstd", compression_level=1)
 
+    _phase("read")
     tables = {name: pl.read_parquet(raw / name) for name in RAW_TABLES}
     return _copy(tables, out, target_bytes, write, lambda frame, rows: frame.slice(0, rows))
 
 
 def _copy(tables: dict, out: Path, target_bytes: int, write, head) -> int:
     """Write ``tables``, then pad with leading feed rows up to ``target_bytes`` of output."""
+    _phase("write")
     out.mkdir(parents=True, exist_ok=True)
     for name, table in tables.items():
         write(table, out / f"{name}.parquet")
@@ -165,10 +178,18 @@ def child(variant: str, raw: Path, out: Path, target_bytes: int) -> None:
     cpu_before = _cpu_seconds()
     started = time.perf_counter()
     rows = VARIANTS[variant](raw, out, target_bytes)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_before
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {"variant": variant, "wall_s": wall, "rows": rows, "peak_rss_mib": peak}
-    print(json.dumps(result | {"cpu_s": _cpu_seconds() - cpu_before, "load": load}))
+    print(json.dumps(result | {"cpu_s": cpu, "load": load, "phases": _phase_times()}))
+
+
+def _phase_times() -> list[tuple[str, float, float]]:
+    """Wall and CPU seconds of each phase of the run (from its start to the next one's, or the end)."""
+    if not PHASES:
+        return []
+    ends = [*PHASES[1:], ("end", time.perf_counter(), _cpu_seconds())]
+    return [(name, end[1] - wall, end[2] - cpu) for (name, wall, cpu), end in zip(PHASES, ends, strict=True)]
 
 
 def _cpu_seconds() -> float:
@@ -194,12 +215,9 @@ def measure(variant: str, raw: Path, work: Path, target_bytes: int = 0) -> dict:
     out = work / f"out-{variant}"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     command = [sys.executable, __file__, "--child", variant, "--raw", str(raw), "--out", str(out)]
-    proc = subprocess.run(
-        [*command, "--target-bytes", str(target_bytes)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    proc = subprocess.run([*command, "--target-bytes", str(target_bytes)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {variant} run failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["output_bytes"] = sum(p.stat().st_size for p in out.rglob("*.parquet"))
     result["output_mib"] = result["output_bytes"] / 2**20
@@ -245,9 +263,18 @@ def report(results: list[dict], users: int, generate_s: float, command: str) -> 
             lines.append(f"ingest / {floor} = {ratio:.2f}x (target <= 2x)  ")
     if "ingest" in by and "pandas" in by:
         lines.append(
-            f"pandas / ingest = {by['pandas']['wall_s'] / by['ingest']['wall_s']:.1f}x (target >= 10x)"
+            f"pandas / ingest = {by['pandas']['wall_s'] / by['ingest']['wall_s']:.1f}x (target >= 10x)  "
         )
+    phases = [_phase_line(r) for r in results if r.get("phases")]
+    if phases:
+        heading = "Where the median run's time went, per phase: wall s / CPU s (CPU counts every thread).  "
+        lines += ["", heading, *phases]
     return "\n".join(lines) + "\n"
+
+
+def _phase_line(result: dict) -> str:
+    parts = [f"{name} {wall:.2f} / {cpu:.1f}" for name, wall, cpu in result["phases"]]
+    return f"- {result['variant']}: " + " · ".join(parts) + "  "
 
 
 def growth(factor: float, seed: int, repeat: int, work: Path) -> str:
