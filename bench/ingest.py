@@ -16,7 +16,8 @@ Variants, each run in its own process so peak RSS is its own:
 
 Each variant imports its libraries before its clock starts (``IMPORTS``). The report gives the
 median run's phases too, wall and CPU seconds each (ingest: read, items, align, write; the copies:
-read, write), so what the ingest spends beyond a copy can be read off.
+read, write), so what the ingest spends beyond a copy can be read off. Every variant runs in
+the environment the ``trajforge`` CLI sets (``flows``), Polars' allocator settings included.
 
 Appends a section to bench/RESULTS.md unless ``--no-record``.
 """
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
+
+import flows  # noqa: E402,F401 - every variant runs in the environment the CLI sets (allocator included)
 
 VIEWPORT = 693
 USERARENA_USERS = 11_010
