@@ -11,11 +11,10 @@ Two passes, so memory is bounded by a part, not by the bundle:
    are all Parquet with each view's cards together (the usual layout) are not spilled: a view
    belongs to the part its first card falls in, only ``page_view_id`` is read here, and pass 2
    reads each part's feed rows in place, in order (``FeedsInPlace``); the events are spilled by
-   that map. ``items`` that make one chunk stay in
-   memory, their ids and image refs keyed in the writer thread meanwhile; items that make
-   several are left to pass 2, which reads them once (their text is too large to keep or
-   spill), after a read of their id column alone for the duplicate check. Profiles and history
-   stay in memory.
+   that map. ``items`` that make one chunk stay in memory, their ids and image refs keyed in
+   the writer thread meanwhile; items that make several are left to pass 2, which reads them
+   once (their text is too large to keep or spill), after a read of their id column alone for
+   the duplicate check. Profiles and history stay in memory.
 2. *align*: items are checked and written chunk by chunk, leaving a compact catalog (ids
    sorted by hash, pseudonyms, what the checks need); then, part by part, the checks and the
    step alignment of ``transforms.align`` run on the part's page views, and its rows are
