@@ -13,23 +13,12 @@ such steps by reason (``SKIP_REASONS``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from evaluation.environment import EnvironmentSettings, ShoppingEnvironment, cards_in_view
-from evaluation.session import RecordedStep, Session
-from transforms.prompts import (
-    Accepted,
-    Observation,
-    PastStep,
-    PromptSettings,
-    State,
-    Verdict,
-    judge_response,
-    past_step,
-    render_state,
-)
-from transforms.prompts.render import Mode
+from evaluation.session import RecordedStep, Session, Trajectory
+from transforms.prompts import Accepted, PromptSettings, State, Verdict, judge_response, render_state
 
 SKIP_REASONS: tuple[str, ...] = (
     "missing_feed_offset",  # a feed step without its offset
@@ -78,20 +67,14 @@ class ReplayCursor:
         self,
         session: Session,
         settings: EnvironmentSettings | None = None,
-        *,
-        mode: Mode = "single",
-        window: Sequence[PastStep] = (),
-        session_ordinal: int | None = None,
-        gap_s: float | None = None,
+        trajectory: Trajectory | None = None,
     ) -> None:
         self.session = session
         self.settings = settings or EnvironmentSettings()
-        self.mode: Mode = mode
-        self.window: list[PastStep] = list(window)
+        self.trajectory = trajectory or Trajectory()
         self.skipped: Counter[str] = Counter()
         self.skipped_steps: list[tuple[int, str]] = []  # (step, reason)
         self.steps: list[ReplayStep] = []
-        self._ordinal, self._gap_s = session_ordinal, gap_s
         self._walk()
 
     def __iter__(self) -> Iterator[ReplayStep]:
@@ -102,7 +85,7 @@ class ReplayCursor:
 
     def _walk(self) -> None:
         env = ShoppingEnvironment(self.session, self.settings)
-        for number, recorded in enumerate(self.session.steps):
+        for recorded in self.session.steps:
             placed, reason = self._seat(env, recorded)
             gold = recorded_action(recorded, self.session)
             if reason is not None:
@@ -112,27 +95,11 @@ class ReplayCursor:
                 continue
             observation = env.observation()
             if reason is None:
-                state = self._state(observation)
+                state = self.trajectory.state(self.session, observation)
                 self.steps.append(ReplayStep(recorded, state, gold, self.settings.prompt))
-            gap = self._gap_s if number == 0 and (self._ordinal or 1) > 1 else None
-            entry = past_step(
-                recorded.step, observation, gold.action_object(), session=self._ordinal, gap_s=gap
-            )
-            self.window.append(entry)
+            self.trajectory.record(recorded.step, observation, gold.action_object())
             if not env.ended:
                 env.apply(gold)
-
-    def _state(self, observation: Observation) -> State:
-        s = self.session
-        return State(
-            mode=self.mode,
-            profile=s.profile,
-            profile_extra=s.profile_extra,
-            recent_buys=list(s.recent_buys),
-            recent_clicks=list(s.recent_clicks),
-            window=list(self.window),
-            observation=observation,
-        )
 
     def _seat(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[bool, str | None]:
         """Place ``env`` at ``step``'s recorded state: (placed at all, why it is not scored)."""

@@ -9,13 +9,11 @@ without ``end``), ``invalid_retry_exhausted`` or ``error`` (the simulator failed
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from evaluation.environment import EnvironmentSettings, ShoppingEnvironment
-from evaluation.session import Session
-from transforms.prompts import Accepted, Observation, PastStep, State, Verdict, past_step, render_state
-from transforms.prompts.render import Mode
+from evaluation.session import Session, Trajectory
+from transforms.prompts import Accepted, Observation, PastStep, State, Verdict, render_state
 
 TERMINATED = "end"
 TRUNCATION_REASONS: tuple[str, ...] = ("budget", "invalid_retry_exhausted", "error")
@@ -49,23 +47,17 @@ class Rollout:
         self,
         session: Session,
         settings: EnvironmentSettings | None = None,
-        *,
-        mode: Mode = "single",
-        window: Sequence[PastStep] = (),
-        session_ordinal: int | None = None,
-        gap_s: float | None = None,
+        trajectory: Trajectory | None = None,
     ) -> None:
         self.settings = settings or EnvironmentSettings()
         self.env = ShoppingEnvironment(session, self.settings)
-        self.mode: Mode = mode
-        self.budget = self.settings.budget(mode)
-        self.window: list[PastStep] = list(window)  # cross mode: carried over from earlier sessions
+        self.trajectory = trajectory or Trajectory()
+        self.budget = self.settings.budget(self.trajectory.mode)
         self.attempts: list[Attempt] = []
         self.accepted_steps = 0
         self.invalid_in_a_row = 0
         self.termination_reason: str | None = None
         self.error: str | None = None  # what the simulator failed with
-        self._ordinal, self._gap_s = session_ordinal, gap_s
 
     @property
     def session(self) -> Session:
@@ -83,17 +75,12 @@ class Rollout:
     def truncated(self) -> bool:
         return self.termination_reason in TRUNCATION_REASONS
 
+    @property
+    def window(self) -> list[PastStep]:
+        return self.trajectory.window
+
     def state(self) -> State:
-        s = self.session
-        return State(
-            mode=self.mode,
-            profile=s.profile,
-            profile_extra=s.profile_extra,
-            recent_buys=list(s.recent_buys),
-            recent_clicks=list(s.recent_clicks),
-            window=self.window,
-            observation=self.env.observation(),
-        )
+        return self.trajectory.state(self.session, self.env.observation())
 
     def messages(self) -> list[dict[str, str]]:
         """The chat messages of the current state, rendered as the training prompts are."""
@@ -123,16 +110,8 @@ class Rollout:
             self.error = error
 
     def _execute(self, action: Accepted, before: Observation) -> None:
-        gap = self._gap_s if self.accepted_steps == 0 and (self._ordinal or 1) > 1 else None
-        entry = past_step(
-            self.accepted_steps,
-            before,
-            action.action_object(),
-            rationale=action.rationale or None,
-            session=self._ordinal,
-            gap_s=gap,
-        )
-        self.window.append(entry)
+        rationale = action.rationale or None
+        self.trajectory.record(self.accepted_steps, before, action.action_object(), rationale)
         self.env.apply(action)
         self.accepted_steps += 1
         self.invalid_in_a_row = 0

@@ -13,7 +13,8 @@ from typing import Any
 
 import polars as pl
 
-from transforms.prompts import Card, Param
+from transforms.prompts import Card, Observation, Param, PastStep, State, past_step
+from transforms.prompts.render import Mode
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,50 @@ class Session:
             recent_clicks=tuple(session.get("recent_clicks") or ()),
             recent_buys=tuple(session.get("recent_buys") or ()),
             cut_reason=session.get("cut_reason"),
+        )
+
+
+@dataclass
+class Trajectory:
+    """Where a session's prompts stand: the mode and the history window of accepted steps.
+
+    In cross-session mode one trajectory is carried from a user's session to the next
+    (``next_session``), so the window spans sessions as the training records' does.
+    """
+
+    mode: Mode = "single"
+    window: list[PastStep] = field(default_factory=list)
+    session_ordinal: int | None = None  # 1-based session of the chain (cross mode)
+    gap_s: float | None = None  # idle time before this session (cross mode, later sessions)
+    _steps_in_session: int = field(default=0, init=False, repr=False)
+
+    def record(
+        self, step: int, observation: Observation, action: dict[str, Any], rationale: str | None = None
+    ) -> None:
+        """Add an accepted step; the first of a later session carries the gap before it."""
+        later = (self.session_ordinal or 1) > 1
+        gap = self.gap_s if later and self._steps_in_session == 0 else None
+        entry = past_step(
+            step, observation, action, rationale=rationale, session=self.session_ordinal, gap_s=gap
+        )
+        self.window.append(entry)
+        self._steps_in_session += 1
+
+    def next_session(self, gap_s: float | None) -> Trajectory:
+        """The same window continued into the user's next session."""
+        ordinal = (self.session_ordinal or 1) + 1
+        return Trajectory(self.mode, list(self.window), session_ordinal=ordinal, gap_s=gap_s)
+
+    def state(self, session: Session, observation: Observation) -> State:
+        """The prompt state of ``session`` showing ``observation``."""
+        return State(
+            mode=self.mode,
+            profile=session.profile,
+            profile_extra=session.profile_extra,
+            recent_buys=list(session.recent_buys),
+            recent_clicks=list(session.recent_clicks),
+            window=list(self.window),
+            observation=observation,
         )
 
 

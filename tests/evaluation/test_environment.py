@@ -30,7 +30,7 @@ from evaluation.environment import EnvironmentSettings, PageLayout, ShoppingEnvi
 from evaluation.loader import load_sessions
 from evaluation.replay import ReplayCursor
 from evaluation.rollout import Rollout
-from evaluation.session import RecordedStep, Session
+from evaluation.session import RecordedStep, Session, Trajectory
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
 from transforms.prompts import Accepted, render_state
@@ -372,6 +372,19 @@ def test_the_prompt_lists_exactly_the_executable_actions():
     listed = text.split("## Executable actions\n")[1].split("\n\n")[0]
     # offset 0: no scroll_up; cards in view: click
     assert [line.split()[1] for line in listed.splitlines()] == ["scroll_down", "click", "end"]
+
+
+def test_cross_session_mode_carries_the_window_into_the_next_session():
+    first = Rollout(session(), trajectory=Trajectory("cross", session_ordinal=1))
+    first.submit(say({"type": "end"}))
+    later = Rollout(session(), trajectory=first.trajectory.next_session(gap_s=300.0))
+    later.submit(say({"type": "scroll_down", "distance": 10}))
+    assert later.budget == 42
+    assert [(p.session, p.step, p.gap_s) for p in later.window] == [(1, 0, None), (2, 0, 300.0)]
+    text = later.messages()[1]["content"]
+    # 300 s = 5 min; steps are labelled with their session in cross mode
+    assert "-- session 2 started 5 min after the previous one --\nsession 2 step 0: feed at" in text
+    assert "session 1 step 0: feed at" in text
 
 
 # --- replay --------------------------------------------------------------------------------------
