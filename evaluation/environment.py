@@ -12,7 +12,9 @@ on that observation by ``transforms.prompts.judge_response`` (the renderer's own
 
 Detail pages (the lake records no page layout, so its geometry is configuration):
 the page is ``PageLayout.height`` px tall (or the catalog's ``page_height``), with
-the review preview block (alias ``C1``) at ``review_block_at`` of its height. Panels
+the review preview block (alias ``C1``) at ``review_block_at`` of its height; replay
+(``assume_layout=False``) shows a page without a catalog height as the training
+prompts do: no known bottom, its review block at every offset. Panels
 follow the reference environment: ``ipv_click_param`` opens the specifications
 panel, ``ipv_enter_comment`` / ``ipv_click_comment`` the review list, and every
 other detail-page action first returns to the main page (closing both); the page
@@ -117,10 +119,10 @@ class PageState:
     """The open detail page of one visit."""
 
     item: CatalogItem
-    max_scroll: float
-    review_top: float
-    review_bottom: float
     pictures: int
+    max_scroll: float | None = None  # None: the page's layout is unknown (no bottom, see reviews_in_view)
+    review_top: float | None = None
+    review_bottom: float | None = None
     scroll: float = 0.0
     panel: str = PANEL_MAIN
     picture: int = 0  # 0-based picture shown
@@ -128,11 +130,16 @@ class PageState:
 
     def preview_in_view(self, viewport: float) -> bool:
         """The review preview block overlaps the viewport by at least 1 px."""
+        if self.review_top is None or self.review_bottom is None:
+            return True
         return overlap(self.review_top, self.review_bottom, self.scroll, self.scroll + viewport) >= 1.0
 
     def reviews_in_view(self, viewport: float) -> tuple[str | None, ...]:
-        """The open list shows every review; the main page only the preview's first (``C1``)."""
-        if reviews_open(self.panel):
+        """The open list shows every review; the main page only the preview's first (``C1``).
+
+        A page without a known layout shows its review block at every offset, as the
+        training prompts do (the renderer then lists ``inline_reviews`` of them)."""
+        if reviews_open(self.panel) or self.review_top is None:
             return self.item.reviews
         return self.item.reviews[:1] if self.preview_in_view(viewport) else ()
 
@@ -140,9 +147,14 @@ class PageState:
 class ShoppingEnvironment:
     """One session's screens. ``judge`` checks a response, ``apply`` executes an accepted action."""
 
-    def __init__(self, session: Session, settings: EnvironmentSettings | None = None) -> None:
+    def __init__(
+        self, session: Session, settings: EnvironmentSettings | None = None, *, assume_layout: bool = True
+    ) -> None:
+        """``assume_layout``: lay out pages the catalog has no height for by ``PageLayout`` (rollout
+        needs bounds); replay shows such pages as the lake knows them, without a layout."""
         self.session = session
         self.settings = settings or EnvironmentSettings()
+        self.assume_layout = assume_layout
         geometry = self.settings.geometry
         bottom = max((c.y + c.height for c in session.cards), default=0.0)
         height = session.feed_height if session.feed_height is not None else bottom
@@ -184,7 +196,7 @@ class ShoppingEnvironment:
             params=list(item.params),
             reviews=list(page.reviews_in_view(self.settings.geometry.ipv_viewport)),
             scroll=shown_px(page.scroll),
-            max_scroll=shown_px(page.max_scroll),
+            max_scroll=None if page.max_scroll is None else shown_px(page.max_scroll),
             ui_state=page.panel,
             done=dict(page.done),
         )
@@ -223,17 +235,14 @@ class ShoppingEnvironment:
     def open_page(self, item_id: str) -> PageState:
         """Show ``item_id``'s detail page from the top, with a fresh visit."""
         item, layout = self.session.item(item_id), self.settings.page
-        height = item.page_height or layout.height
-        review_top = height * layout.review_block_at
-        self.page = PageState(
-            item=item,
-            max_scroll=max(height - self.settings.geometry.ipv_viewport, 0.0),
-            review_top=review_top,
-            review_bottom=review_top + layout.review_block_height,
-            pictures=item.pictures or layout.pictures,
-        )
-        self.screen, self._seated_cards = "ipv", None
-        return self.page
+        page = PageState(item=item, pictures=item.pictures or layout.pictures)
+        if item.page_height is not None or self.assume_layout:
+            height = item.page_height or layout.height
+            page.max_scroll = max(height - self.settings.geometry.ipv_viewport, 0.0)
+            page.review_top = height * layout.review_block_at
+            page.review_bottom = page.review_top + layout.review_block_height
+        self.page, self.screen, self._seated_cards = page, "ipv", None
+        return page
 
     def _apply_page(self, action: Accepted) -> None:
         page, kind = self.page, action.type
@@ -247,7 +256,8 @@ class ShoppingEnvironment:
         page.panel = PANEL_AFTER.get(kind, PANEL_MAIN)
         distance = action.distance or 0
         if kind == "ipv_scroll_down":
-            page.scroll = min(page.scroll + distance, max(page.max_scroll, page.scroll))
+            bottom = page.scroll + distance if page.max_scroll is None else max(page.max_scroll, page.scroll)
+            page.scroll = min(page.scroll + distance, bottom)
         elif kind == "ipv_scroll_up":
             page.scroll = max(page.scroll - distance, 0.0)
         elif kind == "ipv_swipe_pic":
@@ -273,6 +283,7 @@ class ShoppingEnvironment:
         page = page or self.open_page(item_id)
         self.screen, self.page = "ipv", page
         page.scroll = max(scroll, 0.0)
-        page.max_scroll = max(page.max_scroll, page.scroll)
+        if page.max_scroll is not None:  # the page is at least as long as the record shows
+            page.max_scroll = max(page.max_scroll, page.scroll)
         page.panel = panel or PANEL_MAIN
         return page

@@ -5,6 +5,9 @@ the record says it was (feed offset and the cards in view; open item, page offse
 and panel), shows that state, and then applies the recorded action leniently,
 whatever was predicted: a recorded scroll is never refused for its distance, and
 the visit's memory (what was already done on the item) builds up from the record.
+The lake records no detail-page layout, so a page the catalog gives no height is
+shown as the training records show it (no known bottom, its review block in view):
+a replayed state renders to the same prompt as that step's training record.
 
 A recorded step whose state cannot be rebuilt is not scored; ``skipped`` counts
 such steps by reason (``SKIP_REASONS``).
@@ -84,7 +87,7 @@ class ReplayCursor:
         return len(self.steps)
 
     def _walk(self) -> None:
-        env = ShoppingEnvironment(self.session, self.settings)
+        env = ShoppingEnvironment(self.session, self.settings, assume_layout=False)
         for recorded in self.session.steps:
             placed, reason = self._seat(env, recorded)
             gold = recorded_action(recorded, self.session)

@@ -33,7 +33,9 @@ from evaluation.rollout import Rollout
 from evaluation.session import RecordedStep, Session, Trajectory
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
-from transforms.prompts import Accepted, render_state
+from transforms.lake import read_table
+from transforms.prompts import Accepted, PromptSettings, render_state
+from transforms.records import build_records, needed_items
 
 BOXES = [  # item, x, y, height
     ("A", 4.0, 0.0, 328.5),
@@ -405,6 +407,23 @@ def test_replay_rebuilds_every_recorded_state_of_an_ingested_lake(tmp_path: Path
     # the profile and the purchase before the session come with it
     assert loaded.recent_buys == ("Canvas tote",)
     assert loaded.profile["member_level"] == "gold"
+
+
+def test_replay_shows_each_recorded_state_as_the_training_prompt_shows_it(tmp_path: Path):
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    lake, prompt = tmp_path / "lake", PromptSettings()
+    records = build_records(
+        read_table(lake, "steps"),
+        read_table(lake, "sessions"),
+        needed_items(lake, prompt),
+        history=read_table(lake, "history"),
+        settings=prompt,
+    ).sort("step")
+    cursor = ReplayCursor(load_sessions(lake)[0])
+    # one renderer: the replayed state renders to the records' system and user messages exactly
+    for step, (system, user) in zip(cursor, records.select("system", "prompt").iter_rows(), strict=True):
+        assert step.messages() == [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def test_replay_applies_recorded_actions_leniently_and_counts_what_it_cannot_rebuild():
