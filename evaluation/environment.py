@@ -92,9 +92,9 @@ def _fractional_pixels_shown() -> bool:
 FRACTIONAL_PIXELS = _fractional_pixels_shown()
 
 
-def shown_px(value: float) -> float | int:
-    """A pixel value as the observation carries it."""
-    if FRACTIONAL_PIXELS and not float(value).is_integer():
+def shown_px(value: float | None) -> float | int | None:
+    """A pixel value as the observation carries it (None: unknown)."""
+    if value is None or (FRACTIONAL_PIXELS and not float(value).is_integer()):
         return value
     return round(value)
 
@@ -123,14 +123,14 @@ class PageState:
     max_scroll: float | None = None  # None: the page's layout is unknown (no bottom, see reviews_in_view)
     review_top: float | None = None
     review_bottom: float | None = None
-    scroll: float = 0.0
+    scroll: float | None = 0.0  # None: a record without the page offset (replay only)
     panel: str = PANEL_MAIN
     picture: int = 0  # 0-based picture shown
     done: dict[str, int] = field(default_factory=dict)  # detail-page actions taken in this visit
 
     def preview_in_view(self, viewport: float) -> bool:
         """The review preview block overlaps the viewport by at least 1 px."""
-        if self.review_top is None or self.review_bottom is None:
+        if self.review_top is None or self.review_bottom is None or self.scroll is None:
             return True
         return overlap(self.review_top, self.review_bottom, self.scroll, self.scroll + viewport) >= 1.0
 
@@ -142,6 +142,12 @@ class PageState:
         if reviews_open(self.panel) or self.review_top is None:
             return self.item.reviews
         return self.item.reviews[:1] if self.preview_in_view(viewport) else ()
+
+
+def _scrolled(page: PageState, scroll: float, delta: float) -> float:
+    """``scroll`` moved by ``delta`` within [0, bottom] (a page without a layout has no bottom)."""
+    moved = max(scroll + delta, 0.0)
+    return moved if page.max_scroll is None else min(moved, max(page.max_scroll, scroll))
 
 
 class ShoppingEnvironment:
@@ -196,7 +202,7 @@ class ShoppingEnvironment:
             params=list(item.params),
             reviews=list(page.reviews_in_view(self.settings.geometry.ipv_viewport)),
             scroll=shown_px(page.scroll),
-            max_scroll=None if page.max_scroll is None else shown_px(page.max_scroll),
+            max_scroll=shown_px(page.max_scroll),
             ui_state=page.panel,
             done=dict(page.done),
         )
@@ -255,11 +261,8 @@ class ShoppingEnvironment:
             page.done[kind] = page.done.get(kind, 0) + 1
         page.panel = PANEL_AFTER.get(kind, PANEL_MAIN)
         distance = action.distance or 0
-        if kind == "ipv_scroll_down":
-            bottom = page.scroll + distance if page.max_scroll is None else max(page.max_scroll, page.scroll)
-            page.scroll = min(page.scroll + distance, bottom)
-        elif kind == "ipv_scroll_up":
-            page.scroll = max(page.scroll - distance, 0.0)
+        if kind in ("ipv_scroll_down", "ipv_scroll_up") and page.scroll is not None:
+            page.scroll = _scrolled(page, page.scroll, distance if kind == "ipv_scroll_down" else -distance)
         elif kind == "ipv_swipe_pic":
             page.picture = min(page.picture + 1, page.pictures - 1)
         elif kind == "ipv_cart":
@@ -277,13 +280,14 @@ class ShoppingEnvironment:
         self.max_offset = max(self.max_offset, self.offset)
         self._seated_cards = visible
 
-    def seat_page(self, item_id: str, scroll: float, panel: str | None) -> PageState:
-        """Show ``item_id``'s page at ``scroll`` with ``panel`` open, keeping the visit if it is open."""
+    def seat_page(self, item_id: str, scroll: float | None, panel: str | None) -> PageState:
+        """Show ``item_id``'s page at ``scroll`` (None: unknown) with ``panel`` open, keeping the visit
+        if it is open."""
         page = self.page if self.page is not None and self.page.item.item_id == item_id else None
         page = page or self.open_page(item_id)
         self.screen, self.page = "ipv", page
-        page.scroll = max(scroll, 0.0)
-        if page.max_scroll is not None:  # the page is at least as long as the record shows
+        page.scroll = None if scroll is None else max(scroll, 0.0)
+        if page.max_scroll is not None and page.scroll is not None:  # at least as long as the record shows
             page.max_scroll = max(page.max_scroll, page.scroll)
         page.panel = panel or PANEL_MAIN
         return page

@@ -19,6 +19,8 @@ from transforms.lake import scan_table, table_files
 
 STEP_COLUMNS = (
     "session_id",
+    "profile",
+    "profile_extra",
     "step",
     "screen",
     "action",
@@ -68,9 +70,23 @@ def recent_titles(history: pl.LazyFrame, sessions: pl.DataFrame, limit: int, kin
     )
 
 
-def _with_profiles(lake: str | Path, sessions: pl.DataFrame, settings: EnvironmentSettings) -> pl.DataFrame:
-    profiles = scan_table(lake, "profiles", ["user_id", "profile", "profile_extra"]).collect()
-    out = sessions.join(profiles, on="user_id", how="left")
+def session_profiles(lake: str | Path, sessions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
+    """(session_id, profile, profile_extra): the snapshot on the session's first step, as its
+    training prompts show it; the user's ``profiles`` row for a session without steps."""
+    snapshot = steps.sort("step").group_by("session_id").agg(pl.col("profile", "profile_extra").first())
+    users = scan_table(lake, "profiles", ["user_id", "profile", "profile_extra"]).collect()
+    fallback = sessions.select("session_id", "user_id").join(users, on="user_id", how="left")
+    return fallback.join(snapshot, on="session_id", how="left", suffix="_step").select(
+        "session_id",
+        pl.coalesce("profile_step", "profile").alias("profile"),
+        pl.coalesce("profile_extra_step", "profile_extra").alias("profile_extra"),
+    )
+
+
+def _with_context(
+    lake: str | Path, sessions: pl.DataFrame, steps: pl.DataFrame, settings: EnvironmentSettings
+) -> pl.DataFrame:
+    out = sessions.join(session_profiles(lake, sessions, steps), on="session_id", how="left")
     if not table_files(lake, "history"):
         return out
     history = scan_table(lake, "history")
@@ -100,7 +116,7 @@ def load_sessions(
     wanted = session_items(layout, steps)
     items = scan_table(lake, "items").join(wanted.lazy().select("item_id").unique(), on="item_id", how="semi")
     per_session_items = wanted.join(items.collect(), on="item_id")
-    rows = _with_profiles(lake, sessions, s)
+    rows = _with_context(lake, sessions, steps, s)
     layouts = layout.partition_by("session_id", as_dict=True)
     recorded = steps.partition_by("session_id", as_dict=True)
     catalog = per_session_items.partition_by("session_id", as_dict=True)

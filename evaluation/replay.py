@@ -19,9 +19,17 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from evaluation.environment import EnvironmentSettings, ShoppingEnvironment, cards_in_view
+from evaluation.environment import EnvironmentSettings, ShoppingEnvironment, cards_in_view, shown_px
 from evaluation.session import RecordedStep, Session, Trajectory
-from transforms.prompts import Accepted, PromptSettings, State, Verdict, judge_response, render_state
+from transforms.prompts import (
+    Accepted,
+    Observation,
+    PromptSettings,
+    State,
+    Verdict,
+    judge_response,
+    render_state,
+)
 
 SKIP_REASONS: tuple[str, ...] = (
     "missing_feed_offset",  # a feed step without its offset
@@ -89,44 +97,49 @@ class ReplayCursor:
     def _walk(self) -> None:
         env = ShoppingEnvironment(self.session, self.settings, assume_layout=False)
         for recorded in self.session.steps:
-            placed, reason = self._seat(env, recorded)
+            observation, reason = self._seat(env, recorded)
             gold = recorded_action(recorded, self.session)
             if reason is not None:
                 self.skipped[reason] += 1
                 self.skipped_steps.append((recorded.step, reason))
-            if not placed:
+            if observation is None:
                 continue
-            observation = env.observation()
             if reason is None:
                 state = self.trajectory.state(self.session, observation)
                 self.steps.append(ReplayStep(recorded, state, gold, self.settings.prompt))
+            # an unscored step still enters the window, as far as the record shows it
             self.trajectory.record(recorded.step, observation, gold.action_object())
-            if not env.ended:
+            if not env.ended and env.screen == recorded.screen:
                 env.apply(gold)
 
-    def _seat(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[bool, str | None]:
-        """Place ``env`` at ``step``'s recorded state: (placed at all, why it is not scored)."""
+    def _seat(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[Observation | None, str | None]:
+        """Place ``env`` at ``step``'s recorded state: what it shows (None: nothing), why it is not scored."""
         if step.screen == "feed":
             return self._seat_feed(env, step)
         if step.ipv_item_id is None:
-            return False, "no_open_item"
+            return None, "no_open_item"
         if step.scroll_top is not None:
             env.offset = step.scroll_top
-        env.seat_page(step.ipv_item_id, step.ipv_scroll or 0.0, step.ui_state)
-        return True, None if step.ipv_item_id in self.session.items else "open_item_not_in_catalog"
+        env.seat_page(step.ipv_item_id, step.ipv_scroll, step.ui_state)
+        missing = step.ipv_item_id not in self.session.items
+        return env.observation(), "open_item_not_in_catalog" if missing else None
 
-    def _seat_feed(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[bool, str | None]:
-        if step.scroll_top is None:
-            return False, "missing_feed_offset"
+    def _seat_feed(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[Observation, str | None]:
         recorded = step.visible_items
+        if step.scroll_top is None:
+            # no offset to place the feed at: only a logged list of cards says what was in view
+            cards = [self.session.item(i).card() for i in recorded or ()]
+            shown = Observation(screen="feed", max_scroll=shown_px(env.max_offset), cards=cards)
+            return shown, "missing_feed_offset" if recorded is None else self._catalog_check(recorded)
         if step.visible_source == "logged" and recorded is not None:
             env.seat_feed(step.scroll_top, recorded)
-        else:
-            env.seat_feed(step.scroll_top)
-            shown = tuple(cards_in_view(self.session.cards, env.offset, self.settings.geometry))
-            if recorded is not None and shown != recorded:
-                env.seat_feed(step.scroll_top, recorded)
-                return True, "visible_items_differ"
-        if any(item not in self.session.items for item in env.visible_item_ids()):
-            return True, "visible_item_not_in_catalog"
-        return True, None
+            return env.observation(), self._catalog_check(recorded)
+        env.seat_feed(step.scroll_top)
+        in_view = tuple(cards_in_view(self.session.cards, env.offset, self.settings.geometry))
+        if recorded is not None and in_view != recorded:
+            env.seat_feed(step.scroll_top, recorded)
+            return env.observation(), "visible_items_differ"
+        return env.observation(), self._catalog_check(in_view)
+
+    def _catalog_check(self, visible: tuple[str, ...]) -> str | None:
+        return "visible_item_not_in_catalog" if any(i not in self.session.items for i in visible) else None
