@@ -199,7 +199,7 @@ class ShoppingEnvironment:
             title=item.title,
             price=item.price,
             category=item.category,
-            params=list(item.params),
+            params=item.parameters(),
             reviews=list(page.reviews_in_view(self.settings.geometry.ipv_viewport)),
             scroll=shown_px(page.scroll),
             max_scroll=shown_px(page.max_scroll),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from evaluation.environment import EnvironmentSettings, ShoppingEnvironment
 from evaluation.session import Session, Trajectory
-from transforms.prompts import Accepted, Observation, PastStep, State, Verdict, render_state
+from transforms.prompts import Accepted, Observation, PastStep, State, Verdict, judge_response, render_state
 
 TERMINATED = "end"
 TRUNCATION_REASONS: tuple[str, ...] = ("budget", "invalid_retry_exhausted", "error")
@@ -91,7 +91,7 @@ class Rollout:
         if self.done:
             raise RuntimeError(f"the episode is over ({self.termination_reason})")
         before = self.env.observation()
-        verdict = self.env.judge(text)
+        verdict = judge_response(text, before, self.settings.prompt)
         step = self.accepted_steps if isinstance(verdict, Accepted) else None
         attempt = self._attempt(text, before, verdict, step)
         self.attempts.append(attempt)

@@ -35,13 +35,16 @@ class CatalogItem:
     price: float | None = None
     category: str | None = None  # "L1-L2-L3"
     category_l1: str | None = None
-    params: tuple[Param, ...] = ()
+    params: tuple[tuple[str | None, str | None], ...] = ()  # (label, value)
     reviews: tuple[str | None, ...] = ()
     page_height: float | None = None  # detail-page height px, where the catalog knows it
     pictures: int | None = None  # gallery size, where the catalog knows it
 
     def card(self) -> Card:
         return Card(item_id=self.item_id, title=self.title, price=self.price, category_l1=self.category_l1)
+
+    def parameters(self) -> list[Param]:
+        return [Param(label=label, value=value) for label, value in self.params]
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ def catalog_items(items: pl.DataFrame) -> dict[str, CatalogItem]:
             price=row.get("price"),
             category=category,
             category_l1=l1,
-            params=tuple(Param(**p) for p in row.get("params") or ()),
+            params=tuple((p["label"], p["value"]) for p in row.get("params") or ()),
             reviews=tuple(row.get("reviews") or ()),
             page_height=row.get("page_height"),
             pictures=row.get("pictures"),
