@@ -144,10 +144,17 @@ class PageState:
         return self.item.reviews[:1] if self.preview_in_view(viewport) else ()
 
 
-def _scrolled(page: PageState, scroll: float, delta: float) -> float:
-    """``scroll`` moved by ``delta`` within [0, bottom] (a page without a layout has no bottom)."""
-    moved = max(scroll + delta, 0.0)
-    return moved if page.max_scroll is None else min(moved, max(page.max_scroll, scroll))
+def scrolled(position: float, delta: float, bottom: float | None) -> float:
+    """``position`` moved by ``delta`` within [0, bottom] (None: no known bottom). A position
+    already past the bottom (seated from a record) never moves further down."""
+    moved = max(position + delta, 0.0)
+    return moved if bottom is None else min(moved, max(bottom, position))
+
+
+def scroll_delta(action: Accepted) -> float:
+    """Signed px of a scroll (down is positive); a recorded scroll without a distance moves nothing."""
+    distance = action.distance or 0
+    return -distance if action.type.endswith("scroll_up") else distance
 
 
 class ShoppingEnvironment:
@@ -226,11 +233,8 @@ class ShoppingEnvironment:
             self._apply_page(action)
 
     def _apply_feed(self, action: Accepted) -> None:
-        distance = action.distance or 0
-        if action.type == "scroll_down":
-            self.offset = min(self.offset + distance, max(self.max_offset, self.offset))
-        elif action.type == "scroll_up":
-            self.offset = max(self.offset - distance, 0.0)
+        if action.type in ("scroll_down", "scroll_up"):
+            self.offset = scrolled(self.offset, scroll_delta(action), self.max_offset)
         elif action.type == "click" and action.target_item_id is not None:
             self.open_page(action.target_item_id)
             return
@@ -260,9 +264,8 @@ class ShoppingEnvironment:
         if kind in DONE_ACTIONS:
             page.done[kind] = page.done.get(kind, 0) + 1
         page.panel = PANEL_AFTER.get(kind, PANEL_MAIN)
-        distance = action.distance or 0
         if kind in ("ipv_scroll_down", "ipv_scroll_up") and page.scroll is not None:
-            page.scroll = _scrolled(page, page.scroll, distance if kind == "ipv_scroll_down" else -distance)
+            page.scroll = scrolled(page.scroll, scroll_delta(action), page.max_scroll)
         elif kind == "ipv_swipe_pic":
             page.picture = min(page.picture + 1, page.pictures - 1)
         elif kind == "ipv_cart":
