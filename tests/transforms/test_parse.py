@@ -16,6 +16,7 @@ from transforms.prompts import (
     Rejected,
     judge_response,
     legal_actions,
+    parse_rate,
     parse_response,
     strip_thinking,
 )
@@ -249,3 +250,10 @@ def test_rejections_keep_the_type_asked_for():
     assert isinstance(verdict, Rejected)
     assert (verdict.reason, verdict.type) == ("illegal_in_state", "scroll_up")
     assert judge_response("nope", FEED).type is None  # type: ignore[union-attr]
+
+
+def test_parse_rate_is_the_share_in_the_response_format():
+    # 2 of 4 parse: an unknown type still has the format (rejected later, with the state)
+    texts = [response({"type": "end"}), response({"type": "jump"}), "no", response({"type": ""})]
+    assert parse_rate(texts) == 0.5
+    assert parse_rate([]) == 0.0

@@ -16,6 +16,7 @@ The reasons are checked in the order of ``REJECT_REASONS``: the first that appli
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +128,12 @@ def parse_response(text: str) -> Candidate | Rejected:
         target_item_id=action.get("target_item_id"),
         distance=action.get("distance"),
     )
+
+
+def parse_rate(texts: Iterable[str]) -> float:
+    """Share of ``texts`` in the response format (not ``parse_failure``); 0.0 for no texts."""
+    verdicts = [parse_response(t) for t in texts]
+    return sum(isinstance(v, Candidate) for v in verdicts) / len(verdicts) if verdicts else 0.0
 
 
 def _unresolved(candidate: Candidate, detail: str) -> Rejected:
