@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from evaluation.session import CardBox, CatalogItem, Session
+from evaluation.session import DEFAULT_CARD_HEIGHT, CardBox, CatalogItem, Session
 from transforms.config import Geometry
 from transforms.prompts import (
     Accepted,
@@ -67,7 +67,9 @@ class EnvironmentSettings(BaseModel):
 
     prompt: PromptSettings = PromptSettings()  # its geometry is the environment's geometry
     page: PageLayout = PageLayout()
-    default_card_height: float = Field(328.0, gt=0, description="height of a logged card box without one")
+    default_card_height: float = Field(
+        DEFAULT_CARD_HEIGHT, gt=0, description="height of a logged card box without one"
+    )
     budget_single: int = Field(31, ge=1, description="accepted actions per single-session episode")
     budget_cross: int = Field(42, ge=1, description="accepted actions per session in cross-session mode")
     max_try: int = Field(1, ge=1, description="consecutive invalid outputs that end an episode")

@@ -16,6 +16,8 @@ import polars as pl
 from transforms.prompts import Card, Observation, Param, PastStep, State, past_step
 from transforms.prompts.render import Mode
 
+DEFAULT_CARD_HEIGHT = 328.0  # px, the reference's height for a logged card box without one
+
 
 @dataclass(frozen=True)
 class CardBox:
@@ -99,7 +101,7 @@ class Session:
         items: pl.DataFrame,
         steps: pl.DataFrame | None = None,
         *,
-        default_card_height: float = 328.0,
+        default_card_height: float = DEFAULT_CARD_HEIGHT,
     ) -> Session:
         """From a ``sessions`` row (plus optional profile fields) and this session's frames."""
         return cls(

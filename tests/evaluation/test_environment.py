@@ -26,7 +26,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from evaluation.environment import EnvironmentSettings, PageLayout, ShoppingEnvironment, cards_in_view
+from evaluation.environment import (
+    FRACTIONAL_PIXELS,
+    EnvironmentSettings,
+    PageLayout,
+    ShoppingEnvironment,
+    cards_in_view,
+    shown_px,
+)
 from evaluation.loader import load_sessions
 from evaluation.replay import ReplayCursor
 from evaluation.rollout import Rollout
@@ -162,6 +169,13 @@ def test_a_missing_card_height_takes_the_reference_default():
     )
     built = Session.from_frames({"session_id": "s"}, frame, items())
     assert built.cards[0].height == 328.0
+
+
+def test_pixels_are_shown_as_the_renderer_carries_them():
+    # whole values always print as integers; fractional ones stay exact where the models take floats
+    assert shown_px(None) is None
+    assert shown_px(120.0) == 120 and isinstance(shown_px(120.0), int)
+    assert shown_px(120.25) == (120.25 if FRACTIONAL_PIXELS else 120)
 
 
 def test_the_first_recorded_offset_is_clamped_to_the_feed():
