@@ -1,9 +1,10 @@
 """Sessions for the environment, read from the lake's ``sessions``, ``feed_layouts``, ``items`` and ``steps``.
 
 Each session gets only its own layout rows, the catalog rows of the items it may
-show or open, and its recorded steps; the profile comes from ``profiles`` and the
-recent clicks / purchases from ``history`` (events strictly before the session
-starts, newest first), as the single-mode training prompts show them.
+show or open, and its recorded steps. Its profile is the snapshot on its first
+step; from ``history`` (events strictly before the session starts) come the recent
+click and purchase titles as the single-mode training prompts show them, newest
+first, and the prior counts and recent click categories the cohort metrics use.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import polars as pl
 from evaluation.environment import EnvironmentSettings
 from evaluation.session import Session
 from transforms.lake import scan_table, table_files
+from transforms.prompts import PromptSettings
 
 STEP_COLUMNS = (
     "session_id",
@@ -57,15 +59,23 @@ def session_items(layout: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(named).drop_nulls().unique()
 
 
-def recent_titles(history: pl.LazyFrame, sessions: pl.DataFrame, limit: int, kind: str) -> pl.DataFrame:
-    """(session_id, titles): the user's latest ``limit`` titles of ``kind`` before the session started."""
+def prior_history(history: pl.LazyFrame, sessions: pl.DataFrame, prompt: PromptSettings) -> pl.DataFrame:
+    """Per session, from the user's history strictly before it started: the recent click and purchase
+    titles the prompt shows (newest first), the recent clicks' categories, and the prior counts."""
     starts = sessions.lazy().select("session_id", "user_id", "start_ts")
+    click, buy = pl.col("kind") == "click", pl.col("kind") == "buy"
     return (
-        starts.join(history.filter(pl.col("kind") == kind), on="user_id")
+        starts.join(history, on="user_id")
         .filter(pl.col("ts") < pl.col("start_ts"))
         .sort("ts", "title", descending=True, nulls_last=True)
         .group_by("session_id")
-        .agg(pl.col("title").head(limit).alias("titles"))
+        .agg(
+            pl.col("title").filter(click).head(prompt.recent_clicks).alias("recent_clicks"),
+            pl.col("title").filter(buy).head(prompt.recent_buys).alias("recent_buys"),
+            pl.col("category").filter(click).head(prompt.recent_clicks).alias("recent_click_categories"),
+            click.sum().alias("prior_clicks"),
+            buy.sum().alias("prior_buys"),
+        )
         .collect()
     )
 
@@ -89,15 +99,8 @@ def _with_context(
     out = sessions.join(session_profiles(lake, sessions, steps), on="session_id", how="left")
     if not table_files(lake, "history"):
         return out
-    history = scan_table(lake, "history")
-    prompt = settings.prompt
-    for kind, limit, name in (
-        ("click", prompt.recent_clicks, "recent_clicks"),
-        ("buy", prompt.recent_buys, "recent_buys"),
-    ):
-        titles = recent_titles(history, sessions, limit, kind).rename({"titles": name})
-        out = out.join(titles, on="session_id", how="left")
-    return out
+    prior = prior_history(scan_table(lake, "history"), sessions, settings.prompt)
+    return out.join(prior, on="session_id", how="left")
 
 
 def load_sessions(

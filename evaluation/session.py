@@ -82,6 +82,9 @@ class Session:
     profile_extra: str | None = None
     recent_clicks: tuple[str | None, ...] = ()  # titles, newest first
     recent_buys: tuple[str | None, ...] = ()
+    recent_click_categories: tuple[str | None, ...] = ()  # of the recent clicks, newest first
+    prior_clicks: int = 0  # in the user's history before the session
+    prior_buys: int = 0
     cut_reason: str | None = None  # ingest cut the session at a bad event
 
     @property
@@ -115,6 +118,9 @@ class Session:
             profile_extra=session.get("profile_extra"),
             recent_clicks=tuple(session.get("recent_clicks") or ()),
             recent_buys=tuple(session.get("recent_buys") or ()),
+            recent_click_categories=tuple(session.get("recent_click_categories") or ()),
+            prior_clicks=session.get("prior_clicks") or 0,
+            prior_buys=session.get("prior_buys") or 0,
             cut_reason=session.get("cut_reason"),
         )
 

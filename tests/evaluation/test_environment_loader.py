@@ -80,11 +80,41 @@ def lake(tmp_path_factory) -> Path:
     profiles = [{"user_id": USER[u], "profile": {"age_band": f"band {u}"}, "split": "train"} for u in "ABC"]
     write_table(path, "profiles", conformed(profiles, PROFILES))
     history = [
-        {"user_id": USER["A"], "ts": T0 - timedelta(hours=3), "kind": "click", "title": "old click 1"},
-        {"user_id": USER["A"], "ts": T0 - timedelta(hours=2), "kind": "click", "title": "old click 2"},
-        {"user_id": USER["A"], "ts": T0 - timedelta(hours=1), "kind": "buy", "title": "bought"},
-        {"user_id": USER["A"], "ts": T0, "kind": "click", "title": "at the start"},  # not strictly before
-        {"user_id": USER["B"], "ts": T0 + timedelta(hours=1.5), "kind": "click", "title": "between"},
+        {
+            "user_id": USER["A"],
+            "ts": T0 - timedelta(hours=3),
+            "kind": "click",
+            "title": "old click 1",
+            "category": "Shoes-Women-Boots",
+        },
+        {
+            "user_id": USER["A"],
+            "ts": T0 - timedelta(hours=2),
+            "kind": "click",
+            "title": "old click 2",
+            "category": "Bags-Totes-Canvas",
+        },
+        {
+            "user_id": USER["A"],
+            "ts": T0 - timedelta(hours=1),
+            "kind": "buy",
+            "title": "bought",
+            "category": "Bags-Totes-Canvas",
+        },
+        {
+            "user_id": USER["A"],
+            "ts": T0,
+            "kind": "click",
+            "title": "at the start",
+            "category": "Home",
+        },  # not strictly before
+        {
+            "user_id": USER["B"],
+            "ts": T0 + timedelta(hours=1.5),
+            "kind": "click",
+            "title": "between",
+            "category": "Home",
+        },
     ]
     write_table(path, "history", conformed(history, HISTORY))
     return path
@@ -120,10 +150,14 @@ def test_recent_history_is_strictly_before_the_session_newest_first(lake: Path):
     assert loaded["sA"].recent_buys == ("bought",)
     # B's click at +1.5 h falls between sB1 (+1 h) and sB2 (+2 h)
     assert (loaded["sB1"].recent_clicks, loaded["sB2"].recent_clicks) == ((), ("between",))
+    assert (loaded["sA"].prior_clicks, loaded["sA"].prior_buys) == (2, 1)
+    assert loaded["sA"].recent_click_categories == ("Bags-Totes-Canvas", "Shoes-Women-Boots")
+    assert (loaded["sB2"].prior_clicks, loaded["sB2"].prior_buys, loaded["sC"].prior_clicks) == (1, 0, 0)
     limited = by_name(
         load_sessions(lake, settings=EnvironmentSettings(prompt=PromptSettings(recent_clicks=1)))
     )
     assert limited["sA"].recent_clicks == ("old click 2",)
+    assert limited["sA"].prior_clicks == 2  # the counts are not limited
 
 
 def test_sessions_chosen_by_id_or_split(lake: Path):
