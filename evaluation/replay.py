@@ -30,6 +30,7 @@ from transforms.prompts import (
     judge_response,
     render_state,
 )
+from transforms.schemas import FEED_ACTIONS, IPV_ACTIONS
 
 SKIP_REASONS: tuple[str, ...] = (
     "missing_feed_offset",  # a feed step without its offset
@@ -37,7 +38,9 @@ SKIP_REASONS: tuple[str, ...] = (
     "visible_item_not_in_catalog",
     "no_open_item",  # a detail-page step without its item
     "open_item_not_in_catalog",
+    "action_off_screen",  # the recorded action is not one of its screen's actions
 )
+SCREEN_ACTIONS = {"feed": FEED_ACTIONS, "ipv": IPV_ACTIONS}
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class ReplayCursor:
         for recorded in self.session.steps:
             observation, reason = self._seat(env, recorded)
             gold = recorded_action(recorded, self.session)
+            on_screen = gold.type in SCREEN_ACTIONS.get(recorded.screen, ())
+            reason = reason or (None if on_screen else "action_off_screen")
             if reason is not None:
                 self.skipped[reason] += 1
                 self.skipped_steps.append((recorded.step, reason))
@@ -109,7 +114,9 @@ class ReplayCursor:
                 self.steps.append(ReplayStep(recorded, state, gold, self.settings.prompt))
             # an unscored step still enters the window, as far as the record shows it
             self.trajectory.record(recorded.step, observation, gold.action_object())
-            if not env.ended and env.screen == recorded.screen:
+            # a click the record names by title only opens nothing: the next step seats its page
+            opens_nothing = gold.type == "click" and gold.target_item_id is None
+            if on_screen and env.screen == recorded.screen and not env.ended and not opens_nothing:
                 env.apply(gold)
 
     def _seat(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[Observation | None, str | None]:

@@ -478,6 +478,26 @@ def test_replay_applies_recorded_actions_leniently_and_counts_what_it_cannot_reb
     assert at_page.judge(say({"type": "scroll_down", "distance": 5})).reason == "illegal_in_state"  # type: ignore[union-attr]
 
 
+def test_replay_survives_records_it_cannot_apply():
+    record = pl.DataFrame(
+        {
+            "step": [0, 1, 2, 3],
+            "screen": ["feed", "feed", "ipv", "feed"],
+            "action": ["click", "ipv_cart", "ipv_buy", "end"],  # step 1: a detail-page action on the feed
+            "target_item_id": [None, None, None, None],  # step 0: the click names no card
+            "target_title": ["Item A", None, None, None],
+            "scroll_top": [0.0, 0.0, 0.0, 0.0],
+            "ipv_item_id": [None, None, "A", None],
+        }
+    )
+    built = Session.from_frames({"session_id": "s", "feed_height": FEED_HEIGHT}, layout(), items(), record)
+    cursor = ReplayCursor(built)
+    # the title-only click is scored (its state is whole) and opens nothing; step 2 seats A's page
+    assert [s.recorded.step for s in cursor] == [0, 2, 3]
+    assert cursor.steps[0].gold.target_title == "Item A"
+    assert cursor.skipped_steps == [(1, "action_off_screen")]
+
+
 def test_replay_flags_a_layout_that_disagrees_with_the_recorded_cards():
     record = pl.DataFrame(
         {
