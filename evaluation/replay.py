@@ -44,7 +44,7 @@ SCREEN_ACTIONS = {"feed": FEED_ACTIONS, "ipv": IPV_ACTIONS}
 
 
 @dataclass(frozen=True)
-class ReplayStep:
+class ScoredStep:
     """One scored recorded step: the state shown and the action the shopper took."""
 
     recorded: RecordedStep
@@ -88,10 +88,10 @@ class ReplayCursor:
         self.trajectory = trajectory or Trajectory()
         self.skipped: Counter[str] = Counter()
         self.skipped_steps: list[tuple[int, str]] = []  # (step, reason)
-        self.steps: list[ReplayStep] = []
+        self.steps: list[ScoredStep] = []
         self._walk()
 
-    def __iter__(self) -> Iterator[ReplayStep]:
+    def __iter__(self) -> Iterator[ScoredStep]:
         return iter(self.steps)
 
     def __len__(self) -> int:
@@ -111,7 +111,7 @@ class ReplayCursor:
                 continue
             if reason is None:
                 state = self.trajectory.state(self.session, observation)
-                self.steps.append(ReplayStep(recorded, state, gold, self.settings.prompt))
+                self.steps.append(ScoredStep(recorded, state, gold, self.settings.prompt))
             # an unscored step still enters the window, as far as the record shows it
             self.trajectory.record(recorded.step, observation, gold.action_object())
             # a click the record names by title only opens nothing: the next step seats its page
