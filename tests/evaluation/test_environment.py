@@ -423,21 +423,35 @@ def test_replay_rebuilds_every_recorded_state_of_an_ingested_lake(tmp_path: Path
     assert loaded.profile["member_level"] == "gold"
 
 
-def test_replay_shows_each_recorded_state_as_the_training_prompt_shows_it(tmp_path: Path):
-    write_bundle(tiny_bundle(), tmp_path / "raw")
-    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
-    lake, prompt = tmp_path / "lake", PromptSettings()
+def training_messages(lake: Path) -> dict[tuple[str, int], list[dict[str, str]]]:
+    """(session, step) -> the [system, user] messages the records stage builds for that step."""
+    prompt = PromptSettings()
+    history = read_table(lake, "history") if (lake / "history").exists() else None
     records = build_records(
         read_table(lake, "steps"),
         read_table(lake, "sessions"),
         needed_items(lake, prompt),
-        history=read_table(lake, "history"),
+        history=history,
         settings=prompt,
-    ).sort("step")
-    cursor = ReplayCursor(load_sessions(lake)[0])
-    # one renderer: the replayed state renders to the records' system and user messages exactly
-    for step, (system, user) in zip(cursor, records.select("system", "prompt").iter_rows(), strict=True):
-        assert step.messages() == [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    )
+    return {
+        (r["session_id"], r["step"]): [
+            {"role": "system", "content": r["system"]},
+            {"role": "user", "content": r["prompt"]},
+        ]
+        for r in records.iter_rows(named=True)
+    }
+
+
+def test_replay_shows_each_recorded_state_as_the_training_prompt_shows_it(tmp_path: Path):
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    expected = training_messages(tmp_path / "lake")
+    cursor = ReplayCursor(load_sessions(tmp_path / "lake")[0])
+    # one renderer: every replayed state renders to its record's system and user messages exactly
+    assert len(cursor) == len(expected) == 9
+    for step in cursor:
+        assert step.messages() == expected[(cursor.session.session_id, step.recorded.step)]
 
 
 def test_replay_applies_recorded_actions_leniently_and_counts_what_it_cannot_rebuild():

@@ -15,10 +15,10 @@ import pytest
 from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
 from evaluation.replay import ReplayCursor
+from tests.evaluation.test_environment import training_messages
 from tests.extractors.tinylake import ITEM, OWNER, SCRIPT, SESSION, START, T0, TITLE, USER, write_tiny_lake
-from transforms.lake import read_table, write_table
+from transforms.lake import write_table
 from transforms.prompts import PromptSettings
-from transforms.records import build_records, needed_items
 from transforms.schemas import FEED_LAYOUTS, HISTORY, PROFILES, SESSIONS, polars_schema
 
 CARD_HEIGHT, FEED_HEIGHT = 300, 1500
@@ -166,17 +166,7 @@ def test_sessions_chosen_by_id_or_split(lake: Path):
 
 
 def test_replay_over_the_lake_renders_the_training_records_prompts(lake: Path):
-    prompt = PromptSettings()
-    records = build_records(
-        read_table(lake, "steps"),
-        read_table(lake, "sessions"),
-        needed_items(lake, prompt),
-        history=read_table(lake, "history"),
-        settings=prompt,
-    )
-    expected = {
-        (r["session_id"], r["step"]): (r["system"], r["prompt"]) for r in records.iter_rows(named=True)
-    }
+    expected = training_messages(lake)
     cursors = [ReplayCursor(session) for session in load_sessions(lake)]
     # the hand-built record has no feed offsets, but logs the cards in view: every step is
     # rebuilt as the records show it ("Scroll position: unknown"), 8 + 4 + 4 + 3 = 19 steps
@@ -184,8 +174,4 @@ def test_replay_over_the_lake_renders_the_training_records_prompts(lake: Path):
     assert all(not c.skipped for c in cursors)
     for cursor in cursors:
         for step in cursor:
-            system, user = expected[(cursor.session.session_id, step.recorded.step)]
-            assert step.messages() == [
-                {"role": "system", "content": system},
-                {"role": "user", "content": user},
-            ]
+            assert step.messages() == expected[(cursor.session.session_id, step.recorded.step)]
