@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from evaluation.rollout import Rollout
@@ -64,6 +64,26 @@ class RandomSimulator:
         elif found := DISTANCE_RANGE.search(signature):
             action["distance"] = self.rng.randint(1, int(found["top"]))
         return json.dumps({"rationale": "a random choice", "action": action})
+
+
+def random_from_spec(argument: str) -> RandomSimulator:
+    if not argument:
+        return RandomSimulator()
+    if not argument.isdigit():
+        raise ValueError(f"random:SEED takes a whole-number seed, not {argument!r}")
+    return RandomSimulator(seed=int(argument))
+
+
+#: spec name -> builder taking the text after "name:" ("" when there is none)
+SIMULATORS: dict[str, Callable[[str], Simulator]] = {"random": random_from_spec}
+
+
+def simulator_from_spec(spec: str) -> Simulator:
+    """The simulator a spec string names: ``random`` or ``random:SEED`` (seed 42 by default)."""
+    name, _, argument = spec.partition(":")
+    if name not in SIMULATORS:
+        raise ValueError(f"unknown simulator {spec!r}; known: {', '.join(sorted(SIMULATORS))}")
+    return SIMULATORS[name](argument)
 
 
 def drive(rollouts: Sequence[Rollout], simulator: Simulator) -> None:

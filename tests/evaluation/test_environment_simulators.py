@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
+
 from evaluation.environment import EnvironmentSettings
 from evaluation.rollout import Rollout
-from evaluation.simulators import RandomSimulator, drive, executable_lines
+from evaluation.simulators import RandomSimulator, drive, executable_lines, simulator_from_spec
 from tests.evaluation.test_environment import session
 
 
@@ -78,3 +80,13 @@ def test_drive_leaves_finished_episodes_alone():
     done.submit('{"rationale": "r", "action": {"type": "end"}}')
     drive([done], Failing())
     assert done.termination_reason == "end"
+
+
+def test_simulators_are_named_by_spec():
+    prompt = Rollout(session()).messages()
+    assert simulator_from_spec("random:5").act([prompt]) == RandomSimulator(seed=5).act([prompt])
+    assert simulator_from_spec("random").act([prompt]) == RandomSimulator(seed=42).act([prompt])
+    with pytest.raises(ValueError, match="unknown simulator 'oracle'; known: random"):
+        simulator_from_spec("oracle")
+    with pytest.raises(ValueError, match="whole-number seed"):
+        simulator_from_spec("random:abc")
