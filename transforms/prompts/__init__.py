@@ -1,5 +1,17 @@
-"""Simulator prompt rendering shared by the records builder and the evaluation environment."""
+"""Simulator prompt rendering and response parsing, shared by records, trainer and evaluation."""
 
+from transforms.prompts.parse import (
+    REJECT_REASONS,
+    Accepted,
+    Candidate,
+    Rejected,
+    Verdict,
+    judge_response,
+    parse_rate,
+    parse_response,
+    resolve,
+    strip_thinking,
+)
 from transforms.prompts.render import (
     PROMPT_VERSION,
     Card,
@@ -23,20 +35,30 @@ from transforms.prompts.render import (
 
 __all__ = [
     "PROMPT_VERSION",
+    "REJECT_REASONS",
+    "Accepted",
+    "Candidate",
     "Card",
     "DetailPage",
     "Observation",
     "Param",
     "PastStep",
     "PromptSettings",
+    "Rejected",
     "State",
+    "Verdict",
     "clean",
     "gold_action",
+    "judge_response",
     "legal_actions",
+    "parse_rate",
+    "parse_response",
     "past_step",
     "render_prompt",
     "render_state",
+    "resolve",
     "response_json",
+    "strip_thinking",
     "summarize",
     "system_prompt",
     "token_estimate",

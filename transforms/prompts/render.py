@@ -74,6 +74,7 @@ class DetailPage(BaseModel):
     params: list[Param] = []
     reviews: list[str | None] = []
     scroll: int | None = None  # page offset in px
+    max_scroll: int | None = None  # page height - viewport, where the page's layout is known
     ui_state: str | None = None  # open panel: main | params | comments ...
     done: dict[str, int] = {}  # ipv actions already taken in this visit -> count
 
@@ -220,6 +221,13 @@ def reviews_shown(page: DetailPage, settings: PromptSettings) -> list[str | None
     return page.reviews[:limit]
 
 
+def at_page_bottom(page: DetailPage) -> bool:
+    """At the bottom of the main page (a page of unknown height never is; the review list scrolls on)."""
+    if page.scroll is None or page.max_scroll is None or reviews_open(page.ui_state):
+        return False
+    return page.scroll >= page.max_scroll
+
+
 def legal_actions(obs: Observation, settings: PromptSettings | None = None) -> list[str]:
     """Executable actions in this state (PROTOCOL.md §1 legality), in display order."""
     settings = settings or PromptSettings()
@@ -234,7 +242,7 @@ def legal_actions(obs: Observation, settings: PromptSettings | None = None) -> l
     else:
         page = obs.page or DetailPage()
         allowed = {
-            "ipv_scroll_down": True,
+            "ipv_scroll_down": not at_page_bottom(page),
             "ipv_scroll_up": page.scroll is None or page.scroll > 0,
             "ipv_swipe_pic": True,
             "ipv_click_param": True,
