@@ -238,6 +238,7 @@ HISTORY = pa.schema(
         ("kind", pa.string()),
         ("title", pa.string()),
         ("category", pa.string()),
+        ("split", pa.string()),  # the user's split, as on every other table
     ]
 )
 QUARANTINE = pa.schema(

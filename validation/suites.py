@@ -469,6 +469,8 @@ def history_suite(settings: IngestSettings) -> TableSuite:
         not_null("user_id"),
         in_set("kind_known", "kind", HISTORY_KINDS, "history rows are clicks or buys", **row),
         not_null("title", doc="a history row names its item", **row),
+        not_null("split", doc="a history row carries its user's split"),
+        _split_known(),
         helper_true("_ts_plausible", "timestamps are after 2000 and not in the future", **row),
     ]
     return TableSuite("history", "history", S.HISTORY, (), tuple(checks), (ts_plausible(),), doc="pre-window")
