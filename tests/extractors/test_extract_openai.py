@@ -16,6 +16,7 @@ from extractors.pipeline import extract_lake
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import SESSION
 from transforms.lake import read_table
+from transforms.records import export_chat_jsonl
 
 LEAKY_INTENT = json.dumps(
     {"anchors": [{"type": "preference", "text": "bought the Solvia boots for 89", "confidence": 0.9}]}
@@ -91,17 +92,28 @@ def test_every_fault_kind_end_to_end(server, lake):
     # the final state recorded in records: gold responses, and no rationale for the quarantined action
     records = read_table(lake.path, "records")
     held = records.filter(pl.col("record_id") == ENTER_COMMENT)
-    assert held["rationale"].is_null().all()
-    assert (
-        held["response"].to_list() == ['{"rationale":"","action":{"type":"ipv_enter_comment"}}'] * held.height
-    )
+    assert held["rationale"].is_null().all() and held["response"].is_null().all()  # never an empty target
+    assert held["gold_missing"].to_list() == ["rationale_quarantined"] * held.height
     done = records.filter(pl.col("record_id") != ENTER_COMMENT)
-    assert done["rationale"].is_not_null().all()
+    assert done["rationale"].is_not_null().all() and done["gold_missing"].is_null().all()
     assert all(
         json.loads(r)["rationale"] == t for r, t in zip(done["response"], done["rationale"], strict=True)
     )
     assert records.filter(pl.col("split") == "train")["intent"].is_not_null().all()
     assert records.filter(pl.col("split") != "train")["intent"].is_null().all()
+
+
+def test_export_after_a_partly_failed_extraction(server, lake, tmp_path):
+    script_faults(server)
+    extract_lake(lake.path, fast_settings(server, max_reasks=2))
+    out = tmp_path / "sft.jsonl"
+    exported = export_chat_jsonl(lake.path, out)
+    # 27 records (19 single + 8 cross); the quarantined rationale is sA's step 3, a single-mode
+    # state only (user A has one session): 26 lines, 1 left out, counted
+    assert exported.lines == 26 and exported.left_out == {"rationale_quarantined": 1}
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(lines) == 26 and ENTER_COMMENT not in {line["record_id"] for line in lines}
+    assert all(json.loads(line["messages"][2]["content"])["rationale"].strip() for line in lines)
 
 
 def test_second_run_sends_zero_requests(server, lake):
