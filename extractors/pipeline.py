@@ -499,10 +499,20 @@ def summarize(
         "counts": counts,
         "balanced": all(c["jobs"] == c["ok"] + c["quarantined"] + c["pending"] for c in counts.values()),
         **merge_stats([r.stats for r in reports]),
+        "budget_usd": settings.budget_usd,
+        "lake_cost_usd": lake_spend(lake, settings),
         "quarantine_by_reason": dict(sum((Counter(r.quarantine_by_reason) for r in reports), Counter())),
         "stopped": next((r.carry.stopped for r in reports if r.carry.stopped), None),
         "settings": settings.model_dump(mode="json"),
     }
+
+
+def lake_spend(lake: str | Path, settings: ExtractSettings) -> float | None:
+    """What this lake's extraction has cost over all its runs: each answer in its response cache was
+    paid for once, at the prices of its run. None when the cache is off (nothing is kept to add up)."""
+    if not settings.cache:
+        return None
+    return round(ResponseCache.in_lake(lake).spent_usd, 6)
 
 
 def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:

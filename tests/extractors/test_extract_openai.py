@@ -10,9 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from extractors.cache import ResponseCache
+from extractors.cache import CACHE_DIR, ResponseCache
 from extractors.fakeserver import default_responder, drop, malformed, reply, slow, status
 from extractors.pipeline import extract_lake
+from flows.extract import spend_line
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import SESSION
 from transforms.lake import read_table
@@ -165,11 +166,23 @@ def test_budget_cap_stops_cleanly_then_resumes(server, lake):
     assert read_table(lake.path, "records").unique("record_id")["rationale"].is_not_null().sum() == 8
     assert read_table(lake.path, "quarantine").filter(pl.col("stage") == "extract").height == 0
 
-    resumed = extract_lake(lake.path, fast_settings(server, concurrency=1, max_tokens=100))
+    assert summary["budget_usd"] == 350.0 and summary["lake_cost_usd"] == 260.0  # the lake's first spend
+
+    raised = fast_settings(
+        server, concurrency=1, max_tokens=100, price_output_per_mtok=1e6, budget_usd=1000.0
+    )
+    resumed = extract_lake(lake.path, raised)
     # resume: the 10 paid answers come from the cache; only the 13 pending jobs are sent
     assert len(server.chat_requests()) == 23 and resumed["cache_hits"] == 10 and resumed["requests"] == 13
     assert resumed["counts"]["rationales"]["ok"] == 19 and resumed["stopped"] is None
     assert read_table(lake.path, "rationales")["record_id"].is_unique().all()
+    # this run paid 13 x 26 = $338; the lake in all 260 + 338 = $598, also read back from disk alone
+    assert resumed["cost_usd"] == 338.0 and resumed["lake_cost_usd"] == 598.0
+    assert ResponseCache(Path(lake.path) / CACHE_DIR).spent_usd == 598.0
+    assert spend_line(resumed) == (
+        "cost $338.0000 this run (budget $1000.00); $598.0000 for this lake in all "
+        "(every answer in its response cache)"
+    )
 
 
 def test_api_key_never_logged_or_written(server, lake, caplog, capsys, monkeypatch):
