@@ -60,8 +60,10 @@ def summary_markdown(result: dict) -> str:
         f"| mode/split | states |\n|---|---:|\n{rows}",
         f"| recorded action not executable as shown | states |\n|---|---:|\n{bad}",
     ]
+    if s.gold_missing:
+        parts.append(f"states without a gold response (response null), by reason: {s.gold_missing}")
     if result.get("export"):
-        parts.append(export_line(result["export"]))
+        parts.append(result["export"].get("nothing_to_train_on") or export_line(result["export"]))
     return "\n\n".join(parts) + "\n"
 
 
@@ -74,7 +76,8 @@ def records_flow(
     export_jsonl: str | None = None,
     export_splits: list[str] | None = None,
 ) -> dict:
-    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export."""
+    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export
+    (with nothing to train on, its reason is in ``export.nothing_to_train_on``: see ``records_command``)."""
     settings = settings or PromptSettings()
     modes = modes or list(MODES)
     result: dict = {"records": build(lake, modes, settings, chunk_states)}
@@ -83,10 +86,6 @@ def records_flow(
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)
     result["summary"] = record_run(lake, result)
-    if export_jsonl and "nothing_to_train_on" in result["export"]:
-        raise NothingToTrainOn(
-            result["export"]["nothing_to_train_on"], ExportSummary.model_validate(result["export"])
-        )
     return result
 
 
@@ -110,7 +109,7 @@ def print_records_summary(console: Console, result: dict) -> None:
         console.print(f"[yellow]recorded actions not executable as shown:[/yellow] {s.gold_not_executable}")
     if s.gold_missing:
         console.print(f"states without a gold response (response null), by reason: {s.gold_missing}")
-    if "export" in result:
+    if "export" in result and "nothing_to_train_on" not in result["export"]:
         colour = "yellow" if result["export"].get("left_out") else "default"
         console.print(f"[{colour}]{export_line(result['export'])}[/{colour}]", soft_wrap=True)
     console.print(f"summary: {result['summary']}")
@@ -150,4 +149,7 @@ def records_command(
         export_splits=splits,
     )
     print_records_summary(Console(), result)
+    if "nothing_to_train_on" in result.get("export", {}):
+        exported = result["export"]
+        raise NothingToTrainOn(exported["nothing_to_train_on"], ExportSummary.model_validate(exported))
     return result

@@ -885,7 +885,7 @@ def export_chat_jsonl(
     try:
         with temporary.open("w", encoding="utf-8") as out:
             for part in table_files(lake, "records"):
-                frame = _selected(pl.scan_parquet(part, hive_partitioning=False), splits, modes)
+                frame = _selected(_records_part(part), splits, modes)
                 _count_left_out(frame, summary.left_out)
                 lines = chat_lines(frame.filter(pl.col("gold_missing").is_null())).collect()["line"]
                 for line in lines:
@@ -898,6 +898,14 @@ def export_chat_jsonl(
     finally:
         temporary.unlink(missing_ok=True)
     return summary
+
+
+def _records_part(path: Path) -> pl.LazyFrame:
+    frame = pl.scan_parquet(path, hive_partitioning=False)
+    if "gold_missing" not in frame.collect_schema():
+        # without the column an empty rationale could not be told from a gold one
+        raise ValueError(f"{path} predates records' gold_missing column: re-run `trajforge records` first")
+    return frame
 
 
 def _selected(frame: pl.LazyFrame, splits: list[str] | None, modes: list[str] | None) -> pl.LazyFrame:

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from transforms.lake import read_table, write_quarantine, write_table
+from transforms.lake import read_table, table_files, write_quarantine, write_table
 from transforms.prompts import (
     Card,
     DetailPage,
@@ -617,3 +617,13 @@ def test_export_after_a_partly_failed_extraction(tmp_path):
     assert (
         exported.describe_left_out()
     ) == "left out 3 states without a gold rationale: 2 rationale_missing, 1 rationale_quarantined"
+
+
+def test_export_refuses_records_that_cannot_tell_a_missing_rationale(tmp_path):
+    write_hand_lake(tmp_path)
+    write_records(tmp_path, modes=["single"])
+    for part in table_files(tmp_path, "records"):  # as an older records stage wrote them
+        pl.read_parquet(part, hive_partitioning=False).drop("gold_missing").write_parquet(part)
+    with pytest.raises(ValueError, match="re-run `trajforge records` first"):
+        export_chat_jsonl(tmp_path, tmp_path / "sft.jsonl")
+    assert not (tmp_path / "sft.jsonl").exists()
