@@ -49,11 +49,15 @@ def run_phase(phase: str, lake: str) -> dict:
         summary = write_records(lake, modes=modes)
         out = {"rows": summary.records, "unit": "states", "summary": summary.model_dump(exclude={"settings"})}
     else:
-        from transforms.records import export_chat_jsonl
+        from transforms.records import NothingToTrainOn, export_chat_jsonl
 
         path = Path(lake).parent / "sft-train.jsonl"
-        lines = export_chat_jsonl(lake, path, splits=["train"], modes=["single"])
-        out = {"rows": lines, "unit": "lines", "bytes": path.stat().st_size}
+        try:
+            exported = export_chat_jsonl(lake, path, splits=["train"], modes=["single"])
+        except NothingToTrainOn as stop:  # the bench lake is not extracted: every state is left out
+            exported = stop.summary
+        size = path.stat().st_size if path.exists() else 0
+        out = {"rows": exported.lines, "unit": "lines", "bytes": size, "left_out": exported.left_out}
     out["wall_s"] = round(time.perf_counter() - started, 2)
     out["peak_rss_gib"] = round(peak_rss_kib() / 2**20, 2)
     return out

@@ -29,6 +29,9 @@ from typing import Any, BinaryIO
 CACHE_DIR = Path("_cache") / "extract"
 _PREFIX = b'{"key":"'
 _KEY_END = len(_PREFIX) + 64  # a SHA-256 hex key
+# the last field of a line (``CachedAnswer`` order); inside the text a quote is escaped, so this
+# byte string can only be the field itself
+_COST = b',"cost_usd":'
 
 
 def cache_key(
@@ -44,6 +47,7 @@ class CachedAnswer:
     tokens_in: int
     tokens_out: int
     model: str
+    cost_usd: float = 0.0  # what the answer cost when it was paid for (0 where no prices were given)
 
 
 _OPEN: dict[Path, ResponseCache] = {}
@@ -55,6 +59,7 @@ class ResponseCache:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self._segments: list[Path] = []
+        self.spent_usd = 0.0  # every answer ever paid for under this cache (all runs, all processes)
         self._index: dict[str, tuple[int, int, int]] = self._load()
         self._writer: BinaryIO | None = None
         self._readers: dict[int, int] = {}  # segment -> file descriptor
@@ -81,6 +86,7 @@ class ResponseCache:
                         and line[_KEY_END : _KEY_END + 1] == b'"'
                     ):
                         index[line[len(_PREFIX) : _KEY_END].decode()] = (seg, offset, len(line))
+                        self.spent_usd += _line_cost(line)
                     offset += len(line)
         return index
 
@@ -105,6 +111,7 @@ class ResponseCache:
         writer.write(data)
         writer.flush()  # in the OS now: survives a crash of this process
         self._index[key] = (len(self._segments) - 1, offset, len(data))
+        self.spent_usd += answer.cost_usd
 
     def _open_segment(self) -> BinaryIO:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -127,3 +134,14 @@ class ResponseCache:
 
     def __contains__(self, key: str) -> bool:
         return key in self._index
+
+
+def _line_cost(line: bytes) -> float:
+    """The ``cost_usd`` of one segment line; 0 for lines written before answers carried it."""
+    at = line.rfind(_COST)
+    if at < 0:
+        return 0.0
+    try:
+        return float(line[at + len(_COST) :].rstrip(b"}\n"))
+    except ValueError:
+        return 0.0

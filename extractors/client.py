@@ -259,16 +259,19 @@ class LLMClient:
             text, tokens_in, tokens_out = await self._with_retries(template, messages)
         finally:
             self.budget.release(est_in, est_out)
-        self._account(tokens_in, tokens_out)
+        usd = self._account(tokens_in, tokens_out)
         if self.cache is not None:  # persisted before it is used
-            self.cache.put(key, CachedAnswer(text, tokens_in, tokens_out, self.settings.model))
+            self.cache.put(key, CachedAnswer(text, tokens_in, tokens_out, self.settings.model, usd))
         return Answer(text, tokens_in, tokens_out, False, key)
 
-    def _account(self, tokens_in: int, tokens_out: int) -> None:
+    def _account(self, tokens_in: int, tokens_out: int) -> float:
+        """Count one answer from the endpoint; returns what it cost."""
         self.stats.answers += 1
         self.stats.tokens_in += tokens_in
         self.stats.tokens_out += tokens_out
-        self.stats.cost_usd += self.budget.spend(tokens_in, tokens_out)
+        usd = self.budget.spend(tokens_in, tokens_out)
+        self.stats.cost_usd += usd
+        return usd
 
     # --- retries -------------------------------------------------------------------------
 

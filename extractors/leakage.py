@@ -17,11 +17,17 @@ future_item         any of the above for an item not seen yet (rationales)
 price               a number equal to a price in the trajectory (129, 129.00,
                     ¥129, 129 yuan, 1,299)
 currency_amount     any amount of money, even one not in the trajectory
-action_word         an action in any inflection (clicked, scrolling, carts ...)
-outcome_word        an outcome in any inflection (bought, purchased, ended ...)
+action_word         an action in any inflection (clicked, scrolling, carts, added it to
+                    my cart, add-to-cart, wishlisted ...)
+outcome_word        an outcome in any inflection (bought, purchased, ended, checks out,
+                    checked-out, check-out ...)
 step_reference      "at step 5", "the second session", "at the end of the visit"
 position_reference  "the third item", "card #4", "item 2"
 =================== ==========================================================
+
+Rationales are checked by ``check_rationale``: besides ids, unseen items and step
+references, ``contradictions`` catches a first-person claim of another action than the
+recorded one, about now ("I'll buy it") or done ("I added it to cart." on a scroll).
 
 ``find_leaks`` is the public entry point; ``LeakIndex`` precomputes the title,
 id and price lookups of one trajectory so that many texts are checked cheaply.
@@ -403,13 +409,25 @@ def price_hits(text: str, prices: dict[Decimal, set[str]]) -> list[Hit]:
 
 _ORD = r"(?:\d+(?:st|nd|rd|th)|first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)"
 _POSS = r"(?:the\s+|a\s+|an\s+|her\s+|his\s+|their\s+|my\s+|each\s+)?"
+_PUT_VERBS = (
+    "add|adds|added|adding|put|puts|putting|save|saves|saved|saving|place|places|placed|placing"
+    "|drop|drops|dropped|dropping|toss|tosses|tossed|tossing|pop|pops|popped|popping|throw|throws|threw"
+    "|throwing|stick|sticks|stuck|sticking"
+)
+_CART_WORDS = r"cart|carts|trolley|basket|bag|wish\s?list|favou?rites"
+_CHECK_OUT = r"\bcheck(?:s|ed|ing)?(?:\s+(?:it|them|this|that|these|those))?[\s_-]*outs?\b"
 _LEXICON: tuple[tuple[str, str], ...] = (
     ("action_word", r"\bclick(?:s|ed|ing)?\b|\btap(?:s|ped|ping)?\b|\bscroll(?:s|ed|ing)?\b"),
     ("action_word", r"\bswip(?:e|es|ed|ing)\b|\bcart(?:s|ed|ing)?\b|\b(?:opened|viewed|browsed|revisited)\b"),
     (
         "action_word",
-        r"\b(?:add|adds|added|adding|put|puts|putting|save|saves|saved|saving)\b(?:\s+\S+){0,3}?\s+(?:to|in|into)\s+"
-        rf"{_POSS}(?:shopping\s+)?(?:basket|bag|wish\s?list|favou?rites)\b",
+        rf"\b(?:{_PUT_VERBS})\b(?:[\s_-]+\S+){{0,3}}?[\s_-]+(?:to|in|into|2)[\s_-]+"
+        rf"{_POSS}(?:shopping[\s_-]+)?(?:{_CART_WORDS})\b",
+    ),
+    (
+        "action_word",
+        rf"\badd(?:s|ed|ing)?[\s_-]*(?:to|2)[\s_-]*(?:{_CART_WORDS})\b"
+        r"|\bwish[\s-]?list(?:s|ed|ing)\b|\bfavou?rit(?:ed|ing)\b",
     ),
     ("action_word", r"\bexit(?:s|ed|ing)?\b|\bquit(?:s|ting)?\b|\bback[\s_-]?home\b"),
     (
@@ -430,7 +448,8 @@ _LEXICON: tuple[tuple[str, str], ...] = (
         "outcome_word",
         r"\b(?:ordered|ordering|reordered)\b|\bplac(?:e|es|ed|ing)\s+(?:an?\s+|the\s+|her\s+|his\s+|their\s+)?orders?\b",
     ),
-    ("outcome_word", r"\bcheckout\b|\bchecked\s+out\b|\b(?:returned|returning|ended)\b"),
+    # check out in every spelling (checkout, check-out, checks out, checked-out, check it out ...)
+    ("outcome_word", rf"{_CHECK_OUT}|\b(?:returned|returning|ended)\b"),
     ("outcome_word", rf"\bend(?:s|ing)?\s+{_POSS}(?:session|visit|browsing|shopping)\b|\bsession\s+end"),
     ("outcome_word", r"\babandon(?:s|ed|ing|ment)?\b|\bconver(?:t|ts|ted|ting|sion|sions)\b"),
     ("outcome_word", r"\b(?:browse|cart)[_-]only\b|\btruncated\b|购买|买了|下单|付款|结算|退货"),
@@ -486,15 +505,26 @@ def sku_hits(text: str) -> list[Hit]:
 
 
 def _violations(hits: Iterable[Hit]) -> list[Violation]:
-    """One violation per (code, span), in text order; an identifier inside an item id is not repeated."""
+    """One violation per (code, span), in text order; a hit inside another of the same code ("cart" in
+    "added it to my cart") or an identifier inside an item id is not repeated."""
     out: dict[tuple[str, int, int], Violation] = {}
     ordered = sorted(hits, key=lambda h: (h.start, -h.end))
     ids = [h for h in ordered if h.code in ("item_id", "future_item")]
+    kept: list[Hit] = []
     for hit in ordered:
-        if hit.code == "identifier" and any(i.start <= hit.start and hit.end <= i.end for i in ids):
+        if hit.code == "identifier" and any(_inside(hit, i) for i in ids):
             continue
+        if any(
+            k.code == hit.code and _inside(hit, k) and (k.start, k.end) != (hit.start, hit.end) for k in kept
+        ):
+            continue
+        kept.append(hit)
         out.setdefault((hit.code, hit.start, hit.end), Violation(hit.code, hit.match))
     return list(out.values())
+
+
+def _inside(hit: Hit, outer: Hit) -> bool:
+    return outer.start <= hit.start and hit.end <= outer.end
 
 
 # --- public checks -------------------------------------------------------------------------
@@ -545,43 +575,115 @@ def _as_future(hit: Hit, is_future: Callable[[str], bool]) -> Hit:
 # --- rationales ----------------------------------------------------------------------------
 
 _FIRST_PERSON_FUTURE = r"(?:i'll|i will|i'm going to|i am going to|let me|time to|i'm ready to|i am ready to)"
-_CLAIMS: dict[str, re.Pattern[str]] = {
-    "buy": re.compile(
-        rf"\b{_FIRST_PERSON_FUTURE}\s+(?:\w+\s+){{0,2}}?(?:buy|purchase|order|check\s?out)\b"
-        r"|\b(?:buying|purchasing)\s+(?:it|this|them)\s+now\b"
+_FIRST_PERSON_NOW = rf"(?:{_FIRST_PERSON_FUTURE}|i'm|i am|i'll keep|i keep|keep)"
+_I_DID = r"(?:i|i've|i have|i had|i just|i've just|just)"  # a first-person past claim
+_OBJECT = r"(?:(?:it|this|them|that|one|these|those|this\s+one|the\s+\w+)\s+)?"
+_CART = r"(?:(?:my|the|a)\s+)?(?:shopping\s+)?(?:cart|basket|trolley|bag)"
+_STOP_WHAT = r"(?:shopping|browsing|here|for\s+(?:now|today)|the\s+session)"
+_PLACES = r"(?:feed|list|listing|home|homepage|results|main\s+page)"
+# "check out" as paying, not as looking at something ("I'll check out the reviews")
+_CHECKOUT = r"check(?:ed|ing)?[\s-]?out\b(?!\s+(?:the|this|that|these|those|its|their|more|some|other|an?)\b)"
+
+
+class Claim(NamedTuple):
+    """What a rationale may say it does now (``now``) or did (``done``: reported only when the
+    sentence does not place it earlier, "I already added it to my cart")."""
+
+    now: re.Pattern[str]
+    done: re.Pattern[str] | None = None
+
+
+_CLAIMS: dict[str, Claim] = {
+    "buy": Claim(
+        re.compile(
+            rf"\b{_FIRST_PERSON_FUTURE}\s+(?:\w+\s+){{0,2}}?(?:(?:buy|purchase|order)\b|{_CHECKOUT})"
+            r"|\b(?:buying|purchasing|ordering)\s+(?:it|this|them)\s+now\b"
+            rf"|\bi'm\s+(?:(?:buying|purchasing|ordering)\b|{_CHECKOUT})"
+        ),
+        re.compile(
+            rf"\b{_I_DID}\s+(?:(?:bought|purchased|ordered|paid\s+for)\b|{_CHECKOUT})"
+            r"|\b(?:bought|purchased|ordered)\s+(?:it|this|them|that)\b"
+        ),
     ),
-    "cart": re.compile(
-        r"\b(?:add|adding|put|putting|save|saving|drop|dropping)\s+(?:it|this|them|that|one)\s+"
-        r"(?:in|into|to)\s+(?:my\s+|the\s+)?cart\b"
+    "cart": Claim(
+        re.compile(
+            rf"\b(?:add|adding|put|putting|save|saving|drop|dropping|place|placing|toss|tossing|pop|popping)"
+            rf"[\s_-]+{_OBJECT}(?:in|into|to)[\s_-]+{_CART}\b"
+        ),
+        re.compile(
+            rf"\b(?:added|saved|dropped|placed|tossed|popped)[\s_-]+{_OBJECT}(?:in|into|to)[\s_-]+{_CART}\b"
+            rf"|\b{_I_DID}\s+carted\b"
+        ),
     ),
-    "end": re.compile(
-        rf"\b{_FIRST_PERSON_FUTURE}\s+(?:stop|quit|finish|end)\s+(?:shopping|browsing|here|for\s+now|the\s+session)\b"
-        r"|\b(?:leave|close)\s+the\s+app\b"
+    "end": Claim(
+        re.compile(
+            rf"\b{_FIRST_PERSON_FUTURE}\s+(?:stop|quit|finish|end|leave)\s+{_STOP_WHAT}\b"
+            rf"|\bi'm\s+(?:done|finished|leaving|quitting|stopping)\s+{_STOP_WHAT}\b"
+            r"|\b(?:leave|close|leaving|closing)\s+the\s+app\b"
+        ),
+        re.compile(
+            rf"\b{_I_DID}\s+(?:left|quit|closed|ended|stopped)\s+(?:the\s+(?:app|session|site|shop)|{_STOP_WHAT})\b"
+        ),
     ),
-    "back": re.compile(
-        r"\b(?:go|head|going|heading)\s+back\s+to\s+the\s+(?:feed|list|home|homepage|results)\b"
+    "back": Claim(
+        re.compile(
+            rf"\b(?:go|head|going|heading|get|getting)\s+back\s+to\s+(?:the\s+)?{_PLACES}\b"
+            rf"|\b(?:return|returning)\s+to\s+(?:the\s+)?{_PLACES}\b"
+        ),
+        re.compile(rf"\b(?:went|headed|got|came|returned)\s+(?:back\s+)?to\s+(?:the\s+)?{_PLACES}\b"),
+    ),
+    "scroll_down": Claim(
+        re.compile(rf"\b{_FIRST_PERSON_NOW}\s+scroll(?:ing)?\s+(?:further\s+|back\s+)?down\b")
+    ),
+    "scroll_up": Claim(re.compile(rf"\b{_FIRST_PERSON_NOW}\s+scroll(?:ing)?\s+(?:back\s+)?up\b")),
+    "scroll": Claim(
+        re.compile(rf"\b{_FIRST_PERSON_NOW}\s+scroll(?:ing)?\b(?!\s+(?:further\s+|back\s+)?(?:down|up)\b)")
     ),
 }
+_DOWN, _UP = frozenset({"scroll_down", "scroll"}), frozenset({"scroll_up", "scroll"})
 _ALLOWED_CLAIMS: dict[str, frozenset[str]] = {
     "ipv_buy": frozenset({"buy"}),
     "ipv_cart": frozenset({"cart"}),
     "end": frozenset({"end"}),
     "back_home": frozenset({"back"}),
+    "scroll_down": _DOWN,
+    "ipv_scroll_down": _DOWN,
+    "scroll_up": _UP,
+    "ipv_scroll_up": _UP,
 }
 _NEGATION = re.compile(r"\b(?:not|no|never|without|instead|rather|before|yet)\b|n't")
+_EARLIER = re.compile(r"\b(?:already|earlier|previously|before|last\s+time|a\s+moment\s+ago)\b")
+_SENTENCE_END = re.compile(r"[.!?;]")
 
 
 def contradictions(text: str, action: str) -> list[Violation]:
-    """Affirmative first-person claims of a different action than the recorded one."""
+    """First-person claims of doing another action than the recorded one: affirmative ones about now,
+    and ones about having done it that the sentence does not place earlier."""
     norm = normalize(text)
     allowed = _ALLOWED_CLAIMS.get(action, frozenset())
     found = []
-    for claim, pattern in _CLAIMS.items():
-        for m in pattern.finditer(norm):
-            negated = _NEGATION.search(norm[max(0, m.start() - 25) : m.start()])
-            if claim not in allowed and not negated:
-                found.append(Violation("contradicts_action", m.group(), f"claims {claim}, recorded {action}"))
+    for claim, patterns in _CLAIMS.items():
+        if claim in allowed:
+            continue
+        matches = [m for m in patterns.now.finditer(norm) if not _negated(norm, m.start())]
+        if patterns.done is not None:
+            matches += [m for m in patterns.done.finditer(norm) if not _negated(norm, m.start())]
+            matches = [m for m in matches if m.re is patterns.now or not _placed_earlier(norm, m)]
+        for m in sorted(matches, key=lambda m: m.start()):
+            found.append(Violation("contradicts_action", m.group(), f"claims {claim}, recorded {action}"))
     return found
+
+
+def _negated(text: str, start: int) -> bool:
+    return _NEGATION.search(text[max(0, start - 25) : start]) is not None
+
+
+def _placed_earlier(text: str, match: re.Match[str]) -> bool:
+    """The match's sentence says it happened before now."""
+    starts = [m.end() for m in _SENTENCE_END.finditer(text, 0, match.start())]
+    end = _SENTENCE_END.search(text, match.end())
+    sentence = text[starts[-1] if starts else 0 : end.start() if end else len(text)]
+    return _EARLIER.search(sentence) is not None
 
 
 def check_rationale(

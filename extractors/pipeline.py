@@ -39,7 +39,7 @@ from extractors.cache import ResponseCache
 from extractors.client import Budget, LLMClient, Stats
 from extractors.config import ExtractSettings
 from extractors.intent import intent_heuristic, intent_llm
-from extractors.rationale import CHECKS, gold_response, rationale_heuristic, rationale_llm
+from extractors.rationale import CHECKS, rationale_heuristic, rationale_llm
 from extractors.schemas import Intent, RationaleAnswer
 from extractors.trajectory import STEP_COLUMNS, IntentJob, RationaleJob, Timeline, build_timelines
 from transforms.lake import (
@@ -51,6 +51,7 @@ from transforms.lake import (
     write_quarantine,
     write_table,
 )
+from transforms.records import blank_as_null, gold_missing, response_text, token_estimate
 from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, RECORDS, polars_schema
 
 STAGE = "extract"
@@ -368,8 +369,13 @@ def quarantine_frame(
     return _frame(rows, QUARANTINE).drop("stage")
 
 
-def fill_records(records: pl.DataFrame, intents: pl.DataFrame, rationales: pl.DataFrame) -> pl.DataFrame:
-    """``rationale``, the gold ``response`` and (train rows) ``intent`` from this run's accepted outputs."""
+def fill_records(
+    records: pl.DataFrame, intents: pl.DataFrame, rationales: pl.DataFrame, quarantine: pl.DataFrame
+) -> pl.DataFrame:
+    """``rationale``, the gold ``response`` (null where no rationale was accepted, with the reason in
+    ``gold_missing``) and (train rows) ``intent`` from this run's outputs; the same expressions as the
+    records stage."""
+    held = quarantine["payload"].str.json_path_match("$.record_id").drop_nulls()
     frame = records.drop("rationale", "intent").join(
         rationales.select("record_id", "rationale"), on="record_id", how="left", maintain_order="left"
     )
@@ -379,22 +385,15 @@ def fill_records(records: pl.DataFrame, intents: pl.DataFrame, rationales: pl.Da
         how="left",
         maintain_order="left",
     )
-    response = [
-        gold_response(r or "", a)
-        for r, a in zip(frame["rationale"].to_list(), frame["action_json"].to_list(), strict=True)
-    ]
     frame = frame.with_columns(
-        pl.Series("response", response, dtype=pl.String),
+        blank_as_null(pl.col("rationale")).alias("rationale"),
         pl.when(pl.col("split") == "train").then(pl.col("intent")).alias("intent"),
     )
-    text_bytes = (
-        pl.col("prompt").str.len_bytes()
-        + pl.col("response").str.len_bytes()
-        + pl.col("system").str.len_bytes()
-    )
-    return frame.with_columns(((text_bytes + 2) // 3).cast(pl.Int32).alias("token_estimate")).select(
-        RECORDS.names
-    )
+    frame = frame.with_columns(gold_missing(pl.col("record_id").is_in(held.implode())).alias("gold_missing"))
+    frame = frame.with_columns(response_text().alias("response"))
+    return frame.with_columns(
+        token_estimate(pl.col("system").str.len_bytes()).alias("token_estimate")
+    ).select(RECORDS.names)
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -457,7 +456,7 @@ def extract_bucket(
         QUARANTINE,
         part_path(lake, bucket, "quarantine"),
     )
-    write_records_partition(lake, bucket, fill_records(records, intents, rationales))
+    write_records_partition(lake, bucket, fill_records(records, intents, rationales, quarantine))
     counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
     for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
         lost = quarantine.filter((pl.col("table") == kind) & (pl.col("reason") == "missing_step")).height
@@ -500,10 +499,20 @@ def summarize(
         "counts": counts,
         "balanced": all(c["jobs"] == c["ok"] + c["quarantined"] + c["pending"] for c in counts.values()),
         **merge_stats([r.stats for r in reports]),
+        "budget_usd": settings.budget_usd,
+        "lake_cost_usd": lake_spend(lake, settings),
         "quarantine_by_reason": dict(sum((Counter(r.quarantine_by_reason) for r in reports), Counter())),
         "stopped": next((r.carry.stopped for r in reports if r.carry.stopped), None),
         "settings": settings.model_dump(mode="json"),
     }
+
+
+def lake_spend(lake: str | Path, settings: ExtractSettings) -> float | None:
+    """What this lake's extraction has cost over all its runs: each answer in its response cache was
+    paid for once, at the prices of its run. None when the cache is off (nothing is kept to add up)."""
+    if not settings.cache:
+        return None
+    return round(ResponseCache.in_lake(lake).spent_usd, 6)
 
 
 def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:

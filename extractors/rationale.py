@@ -8,8 +8,6 @@ action; its reason must pass ``check_rationale_text``. The pair
 
 from __future__ import annotations
 
-import json
-
 from extractors.answer import Outcome, Provenance, ask_until_clean, judged_locally
 from extractors.client import LLMClient, Stats
 from extractors.heuristic import MODEL, VERSION, heuristic_rationale, rules_hash
@@ -30,11 +28,6 @@ def check_rationale_text(answer: RationaleAnswer, job: RationaleJob, max_words: 
         is_future=job.is_future,
         max_words=max_words,
     )
-
-
-def gold_response(rationale: str, action_json: str) -> str:
-    """The SFT target, byte-compatible with the records stage: {"rationale":...,"action":{...}}."""
-    return '{"rationale":' + json.dumps(rationale, ensure_ascii=False) + ',"action":' + action_json + "}"
 
 
 async def rationale_llm(client: LLMClient, job: RationaleJob) -> Outcome[RationaleAnswer]:

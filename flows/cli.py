@@ -116,13 +116,17 @@ def records(
     recent_clicks: Annotated[int, typer.Option("--recent-clicks")] = 20,
     recent_buys: Annotated[int, typer.Option("--recent-buys")] = 20,
     chunk_states: Annotated[int, typer.Option("--chunk-states", help="states rendered per batch")] = 100_000,
-    export_jsonl: Annotated[Path | None, typer.Option("--export-jsonl", help="chat-format JSONL")] = None,
+    export_jsonl: Annotated[
+        Path | None,
+        typer.Option("--export-jsonl", help="chat-format JSONL of the states with a gold response"),
+    ] = None,
     export_split: Annotated[
         str, typer.Option("--export-split", help="train | val | test | a,b | all")
     ] = "train",
 ) -> None:
     """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
     from flows.records import records_command
+    from transforms.records import NothingToTrainOn
     from validation.report import GateError
 
     try:
@@ -137,7 +141,7 @@ def records(
             str(export_jsonl) if export_jsonl else None,
             export_split,
         )
-    except GateError as err:
+    except (GateError, NothingToTrainOn) as err:
         raise stopped(err) from None
 
 

@@ -83,10 +83,21 @@ def summary_markdown(summary: dict[str, Any]) -> str:
         "| output | jobs | ok | quarantined | pending |\n|---|---|---|---|---|\n"
         f"{kinds}\n\n"
         f"requests {summary['requests']}, cache hits {summary['cache_hits']}, retries {retries}, "
-        f"re-asks {summary['reasks']}, tokens {summary['tokens_in']} in / {summary['tokens_out']} out, "
-        f"cost ${summary['cost_usd']:.4f}\n\n| answers rejected for | answers |\n|---|---|\n{rejects}\n\n"
+        f"re-asks {summary['reasks']}, tokens {summary['tokens_in']} in / {summary['tokens_out']} out\n\n"
+        f"{spend_line(summary)}\n\n| answers rejected for | answers |\n|---|---|\n{rejects}\n\n"
         f"| quarantined (output:reason) | jobs |\n|---|---|\n{held}\n"
     )
+
+
+def spend_line(summary: dict[str, Any]) -> str:
+    """This run's spend against its budget, and what the lake's extraction has cost in all."""
+    budget = summary.get("budget_usd")
+    line = f"cost ${summary['cost_usd']:.4f} this run"
+    line += f" (budget ${budget:.2f})" if budget is not None else " (no budget cap)"
+    lake_total = summary.get("lake_cost_usd")
+    if lake_total is None:
+        return line + "; lake total unknown (response cache off)"
+    return line + f"; ${lake_total:.4f} for this lake in all (every answer in its response cache)"
 
 
 # --- the CLI command (registered by flows/cli.py) -------------------------------------------------
@@ -152,8 +163,9 @@ def print_summary(console: Console, summary: dict[str, Any], wall: float) -> Non
         f"requests {summary['requests']:,}, cache hits {summary['cache_hits']:,}, "
         f"retries {summary['retries_total']:,}{kinds}, "
         f"re-asks {summary['reasks']:,}, "
-        f"tokens {summary['tokens_in']:,} in / {summary['tokens_out']:,} out, cost ${summary['cost_usd']:.4f}"
+        f"tokens {summary['tokens_in']:,} in / {summary['tokens_out']:,} out"
     )
+    console.print(spend_line(summary))
     if summary["rejects"]:
         console.print(f"rejected answers by code: {summary['rejects']}")
     if summary["quarantine_by_reason"]:

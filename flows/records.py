@@ -14,7 +14,14 @@ from rich.table import Table
 from flows.chain import RUNS, catalog, write_json
 from flows.validate import gate_task
 from transforms.prompts import PromptSettings
-from transforms.records import MODES, RecordsSummary, export_chat_jsonl, write_records
+from transforms.records import (
+    MODES,
+    ExportSummary,
+    NothingToTrainOn,
+    RecordsSummary,
+    export_chat_jsonl,
+    write_records,
+)
 
 
 def summary_path(lake: str | Path) -> Path:
@@ -28,11 +35,12 @@ def build(lake: str, modes: list[str], settings: PromptSettings, chunk_states: i
 
 @task(name="export-chat-jsonl", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def export(lake: str, path: str, splits: list[str] | None, modes: list[str] | None) -> dict:
-    return {
-        "path": path,
-        "lines": export_chat_jsonl(lake, path, splits=splits, modes=modes),
-        "splits": splits,
-    }
+    """The export's summary; when there is nothing to train on, its message under ``nothing_to_train_on``
+    (the flow records the run first, then stops)."""
+    try:
+        return {**export_chat_jsonl(lake, path, splits=splits, modes=modes).model_dump(), "splits": splits}
+    except NothingToTrainOn as err:
+        return {**err.summary.model_dump(), "splits": splits, "nothing_to_train_on": str(err)}
 
 
 @task(name="record-records-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
@@ -52,8 +60,10 @@ def summary_markdown(result: dict) -> str:
         f"| mode/split | states |\n|---|---:|\n{rows}",
         f"| recorded action not executable as shown | states |\n|---|---:|\n{bad}",
     ]
+    if s.gold_missing:
+        parts.append(f"states without a gold response (response null), by reason: {s.gold_missing}")
     if result.get("export"):
-        parts.append(f"Exported {result['export']['lines']:,} chat lines to `{result['export']['path']}`")
+        parts.append(result["export"].get("nothing_to_train_on") or export_line(result["export"]))
     return "\n\n".join(parts) + "\n"
 
 
@@ -66,7 +76,8 @@ def records_flow(
     export_jsonl: str | None = None,
     export_splits: list[str] | None = None,
 ) -> dict:
-    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export."""
+    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export
+    (with nothing to train on, its reason is in ``export.nothing_to_train_on``: see ``records_command``)."""
     settings = settings or PromptSettings()
     modes = modes or list(MODES)
     result: dict = {"records": build(lake, modes, settings, chunk_states)}
@@ -76,6 +87,13 @@ def records_flow(
         result["export"] = export(lake, export_jsonl, export_splits, None)
     result["summary"] = record_run(lake, result)
     return result
+
+
+def export_line(exported: dict) -> str:
+    """One sentence on an export: lines written and states left out for want of a gold response."""
+    summary = ExportSummary.model_validate(exported)
+    line = f"exported {summary.lines:,} chat lines to {summary.path}"
+    return f"{line}; {summary.describe_left_out()}" if summary.left_out else line
 
 
 def print_records_summary(console: Console, result: dict) -> None:
@@ -89,8 +107,11 @@ def print_records_summary(console: Console, result: dict) -> None:
     console.print(f"token estimate: mean {s.token_estimate_mean:,}, max {s.token_estimate_max:,}")
     if s.gold_not_executable:
         console.print(f"[yellow]recorded actions not executable as shown:[/yellow] {s.gold_not_executable}")
-    if "export" in result:
-        console.print(f"exported {result['export']['lines']:,} chat lines to {result['export']['path']}")
+    if s.gold_missing:
+        console.print(f"states without a gold response (response null), by reason: {s.gold_missing}")
+    if "export" in result and "nothing_to_train_on" not in result["export"]:
+        colour = "yellow" if result["export"].get("left_out") else "default"
+        console.print(f"[{colour}]{export_line(result['export'])}[/{colour}]", soft_wrap=True)
     console.print(f"summary: {result['summary']}")
 
 
@@ -128,4 +149,7 @@ def records_command(
         export_splits=splits,
     )
     print_records_summary(Console(), result)
+    if "nothing_to_train_on" in result.get("export", {}):
+        exported = result["export"]
+        raise NothingToTrainOn(exported["nothing_to_train_on"], ExportSummary.model_validate(exported))
     return result

@@ -1014,7 +1014,7 @@ def prepare(
     history = _checked_history(source.table("history"), pseudonymize)
     users = _assignment(pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings)
     run.write("profiles", _profiles_out(profiles.rows, users, pseudonymize))
-    run.write("history", pseudonymize(history.rows.drop(_helpers(history.rows))))
+    run.write("history", _history_out(history.rows, pseudonymize, settings))
     catalog, rejects, totals.duplicates["items"] = items_pass(source, settings, pseudonymize, run)
     events = settle(
         source.id_hashes["events"],
@@ -1029,6 +1029,16 @@ def prepare(
     totals.duplicates["profiles"], totals.duplicates["events"] = profiles.duplicates, events.duplicates
     max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
     return Context(settings, catalog, align.profile_context(profiles.rows), users, max_ts, events)
+
+
+def _history_out(
+    history: pl.DataFrame, pseudonymize: Pseudonymizer, settings: IngestSettings
+) -> pl.DataFrame:
+    """Pre-window history with its user's split (from the pseudonym, so also for users without events)."""
+    users = _assignment(history["user_id"].unique(), pseudonymize, settings)
+    splits = users.select(pl.col("_user").alias("user_id"), "split")
+    keyed = pseudonymize(history.drop(_helpers(history)))
+    return keyed.join(splits, on="user_id", how="left", maintain_order="left")
 
 
 def _profiles_out(profiles: pl.DataFrame, users: pl.DataFrame, pseudonymize: Pseudonymizer) -> pl.DataFrame:

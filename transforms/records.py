@@ -52,6 +52,7 @@ from transforms.prompts.render import (
 from transforms.schemas import PROFILE_FIELDS, RECORDS, SCROLL_ACTIONS, polars_schema
 
 MODES: tuple[str, ...] = ("single", "cross")
+EXTRACT_STAGE = "extract"  # the stage whose quarantine holds rejected rationales
 STR = pl.String  # text columns are built as Polars strings, cast to the schema on write
 
 # --- expression twins of the render.py formatters ------------------------------------
@@ -525,15 +526,42 @@ def prompt_text(mode: Mode, settings: PromptSettings) -> pl.Expr:
     )
 
 
+def blank_as_null(e: pl.Expr) -> pl.Expr:
+    """A rationale of only whitespace is no rationale."""
+    return pl.when(e.str.strip_chars() != "").then(e)
+
+
+def gold_missing(quarantined: pl.Expr) -> pl.Expr:
+    """Why a state has no gold response (see ``transforms.schemas.GOLD_MISSING``); null when it has one.
+
+    ``quarantined`` is true where extraction rejected every answer for the state's rationale.
+    """
+    return (
+        pl.when(pl.col("rationale").is_not_null())
+        .then(pl.lit(None, dtype=STR))
+        .when(quarantined.fill_null(False))
+        .then(pl.lit("rationale_quarantined"))
+        .otherwise(pl.lit("rationale_missing"))
+    )
+
+
 def response_text() -> pl.Expr:
-    """Twin of ``render.response_json``: ``{"rationale": ..., "action": {...}}``."""
-    return pl.concat_str(
+    """Twin of ``render.response_json``: ``{"rationale": ..., "action": {...}}``, null without a gold
+    rationale: an empty rationale is never a target."""
+    response = pl.concat_str(
         pl.lit('{"rationale":'),
-        json_str(pl.col("rationale").fill_null("")),
+        json_str(pl.col("rationale")),
         pl.lit(',"action":'),
         pl.col("action_json"),
         pl.lit("}"),
     )
+    return pl.when(pl.col("gold_missing").is_null()).then(response)
+
+
+def token_estimate(system_bytes: pl.Expr) -> pl.Expr:
+    """ceil(bytes of system + prompt + response / 3); a missing response adds nothing."""
+    text_bytes = pl.col("prompt").str.len_bytes() + pl.col("response").str.len_bytes().fill_null(0)
+    return ((text_bytes + system_bytes + 2) // 3).cast(pl.Int32)
 
 
 def gold_executable(settings: PromptSettings) -> pl.Expr:
@@ -567,13 +595,15 @@ def build_records(
     mode: Mode = "single",
     history: pl.DataFrame | None = None,
     rationales: pl.DataFrame | None = None,
+    quarantined: pl.DataFrame | None = None,
     intents: pl.DataFrame | None = None,
     settings: PromptSettings | None = None,
 ) -> pl.DataFrame:
     """Records of ``steps`` (whole users) in ``mode``: RECORDS columns plus ``_executable``.
 
     ``items`` is ``item_texts(...)`` output; ``rationales`` has (session_id, step,
-    rationale); ``intents`` has (trajectory_id, intent) and reaches train rows only.
+    rationale); ``quarantined`` has (session_id, step) of rationales extraction rejected;
+    ``intents`` has (trajectory_id, intent) and reaches train rows only.
     """
     s = settings or PromptSettings()
     order = session_order(sessions.lazy()).collect()
@@ -592,7 +622,11 @@ def build_records(
         )
     else:
         frame = frame.with_columns(pl.lit(None, dtype=STR).alias("rationale"))
+    frame = mark_quarantined(frame, quarantined).with_columns(
+        blank_as_null(pl.col("rationale")).alias("rationale")
+    )
     frame = frame.with_columns(
+        gold_missing(pl.col("_quarantined")).alias("gold_missing"),
         gold_action_json().alias("action_json"),
         summary_text().alias("_summary"),
         *legality(),
@@ -619,12 +653,19 @@ def build_records(
         )
     else:
         frame = frame.with_columns(pl.lit(None, dtype=STR).alias("intent"))
-    system_bytes = len(system.encode("utf-8"))
-    text_bytes = pl.col("prompt").str.len_bytes() + pl.col("response").str.len_bytes() + system_bytes
     return frame.with_columns(
         pl.when(pl.col("split") == "train").then(pl.col("intent")).alias("intent"),
-        ((text_bytes + 2) // 3).cast(pl.Int32).alias("token_estimate"),
+        token_estimate(pl.lit(len(system.encode("utf-8")))).alias("token_estimate"),
     ).select([f.name for f in RECORDS] + ["_executable"])
+
+
+def mark_quarantined(frame: pl.DataFrame, quarantined: pl.DataFrame | None) -> pl.DataFrame:
+    """``_quarantined``: the row's (session_id, step) is among the ``quarantined`` rationales."""
+    if quarantined is None:
+        return frame.with_columns(pl.lit(False).alias("_quarantined"))
+    keys = quarantined.select("session_id", pl.col("step").cast(frame.schema["step"])).unique()
+    marked = keys.with_columns(pl.lit(True).alias("_quarantined"))
+    return frame.join(marked, on=["session_id", "step"], how="left", maintain_order="left")
 
 
 # --- the lake: chunked writing and export --------------------------------------------------
@@ -643,6 +684,7 @@ class RecordsSummary(BaseModel):
     chunks: int = 0
     with_rationale: int = 0
     with_intent: int = 0
+    gold_missing: dict[str, int] = {}  # states without a gold response, by reason (GOLD_MISSING)
     settings: dict[str, Any] = {}
 
     def add(self, frame: pl.DataFrame) -> None:
@@ -657,6 +699,8 @@ class RecordsSummary(BaseModel):
         self.records, self.chunks = total, self.chunks + 1
         self.with_rationale += int(frame["rationale"].is_not_null().sum())
         self.with_intent += int(frame["intent"].is_not_null().sum())
+        for reason, n in frame.drop_nulls("gold_missing").group_by("gold_missing").len().iter_rows():
+            self.gold_missing[reason] = self.gold_missing.get(reason, 0) + n
         for mode, split, n in frame.group_by("mode", "split").len().iter_rows():
             key = f"{mode}/{split}"
             self.by_mode_split[key] = self.by_mode_split.get(key, 0) + n
@@ -692,6 +736,28 @@ def needed_items(lake: str | Path, settings: PromptSettings) -> pl.DataFrame:
     return card_texts(items.lazy()).join(pages, on="item_id", how="left").collect()
 
 
+def quarantined_rationales(lake: str | Path) -> pl.DataFrame | None:
+    """(session_id, step) of every state whose rationale extraction quarantined, else None.
+
+    Extraction's quarantine rows name their state by ``record_id`` in the payload.
+    """
+    folder = table_dir(lake, "quarantine") / f"stage={EXTRACT_STAGE}"
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    if not files:
+        return None
+    record_id = pl.col("payload").str.json_path_match("$.record_id")
+    parts = record_id.str.extract_groups(r"^(?<session_id>.*):(?<step>\d+)$")
+    return (
+        pl.scan_parquet(files, hive_partitioning=False)
+        .select(parts.alias("_key"))
+        .unnest("_key")
+        .drop_nulls()
+        .select("session_id", pl.col("step").cast(pl.Int32))
+        .unique()
+        .collect()
+    )
+
+
 def optional_table(lake: str | Path, name: str, columns: list[str]) -> pl.DataFrame | None:
     """An extraction output (``rationales``, ``intents``) when that stage has run, else None.
 
@@ -724,6 +790,7 @@ def write_records(
     sessions = read_table(lake, "sessions")
     history = read_table(lake, "history") if table_files(lake, "history") else None
     rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
+    quarantined = quarantined_rationales(lake) if rationales is not None else None
     intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
     staged = Path(lake) / STAGING / f"records-{uuid.uuid4().hex[:8]}"
     try:
@@ -740,6 +807,7 @@ def write_records(
                         mode=mode,  # type: ignore[arg-type]
                         history=None if history is None else history.filter(mine),
                         rationales=rationales,
+                        quarantined=quarantined,
                         intents=_for_mode(intents, mode),
                         settings=s,
                     )
@@ -764,7 +832,8 @@ def _for_mode(intents: pl.DataFrame | None, mode: str) -> pl.DataFrame | None:
 
 
 def chat_lines(records: pl.LazyFrame) -> pl.LazyFrame:
-    """One JSON object per record: {"messages": [system, user, assistant]} (TRL, LLaMA-Factory)."""
+    """One JSON object per record: {"record_id": ..., "messages": [system, user, assistant]}
+    (TRL, LLaMA-Factory read ``messages`` and ignore the rest); the id traces a line to its state."""
 
     def message(role: str, content: str) -> pl.Expr:
         return pl.struct(pl.lit(role).alias("role"), pl.col(content).alias("content"))
@@ -772,7 +841,28 @@ def chat_lines(records: pl.LazyFrame) -> pl.LazyFrame:
     messages = pl.concat_list(
         [message("system", "system"), message("user", "prompt"), message("assistant", "response")]
     )
-    return records.select(pl.struct(messages.alias("messages")).struct.json_encode().alias("line"))
+    line = pl.struct(pl.col("record_id"), messages.alias("messages")).struct.json_encode()
+    return records.select(line.alias("line"))
+
+
+class ExportSummary(BaseModel):
+    """What a chat-JSONL export wrote, and what it left out for want of a gold response."""
+
+    path: str
+    lines: int = 0
+    left_out: dict[str, int] = {}  # by GOLD_MISSING reason
+
+    def describe_left_out(self) -> str:
+        reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(self.left_out.items()))
+        return f"left out {sum(self.left_out.values()):,} states without a gold rationale: {reasons}"
+
+
+class NothingToTrainOn(ValueError):
+    """The export found no state with a gold response: nothing was written."""
+
+    def __init__(self, message: str, summary: ExportSummary) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 def export_chat_jsonl(
@@ -781,29 +871,68 @@ def export_chat_jsonl(
     *,
     splits: list[str] | None = None,
     modes: list[str] | None = None,
-) -> int:
-    """Write records as chat JSONL (one part file at a time; atomic rename); returns lines written.
+) -> ExportSummary:
+    """Write the records that have a gold response as chat JSONL (one part file at a time; atomic
+    rename); states without one are left out and counted by reason.
 
-    The privileged intent is never exported: it is teacher-only context.
+    Raises ``NothingToTrainOn`` (writing nothing) when no selected state has a gold response,
+    e.g. before extraction. The privileged intent is never exported: it is teacher-only context.
     """
     target = Path(path)
+    summary = ExportSummary(path=str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-    written = 0
     try:
         with temporary.open("w", encoding="utf-8") as out:
             for part in table_files(lake, "records"):
-                frame = pl.scan_parquet(part, hive_partitioning=False)
-                if splits:
-                    frame = frame.filter(pl.col("split").is_in(splits))
-                if modes:
-                    frame = frame.filter(pl.col("mode").is_in(modes))
-                lines = chat_lines(frame).collect()["line"]
+                frame = _selected(_records_part(part), splits, modes)
+                _count_left_out(frame, summary.left_out)
+                lines = chat_lines(frame.filter(pl.col("gold_missing").is_null())).collect()["line"]
                 for line in lines:
                     out.write(line)
                     out.write("\n")
-                written += lines.len()
+                summary.lines += lines.len()
+        if summary.lines == 0:
+            raise NothingToTrainOn(_nothing_to_train_on(summary, splits, modes), summary)
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
-    return written
+    return summary
+
+
+def _records_part(path: Path) -> pl.LazyFrame:
+    frame = pl.scan_parquet(path, hive_partitioning=False)
+    if "gold_missing" not in frame.collect_schema():
+        # without the column an empty rationale could not be told from a gold one
+        raise ValueError(f"{path} predates records' gold_missing column: re-run `trajforge records` first")
+    return frame
+
+
+def _selected(frame: pl.LazyFrame, splits: list[str] | None, modes: list[str] | None) -> pl.LazyFrame:
+    if splits:
+        frame = frame.filter(pl.col("split").is_in(splits))
+    if modes:
+        frame = frame.filter(pl.col("mode").is_in(modes))
+    return frame
+
+
+def _count_left_out(frame: pl.LazyFrame, counts: dict[str, int]) -> None:
+    missing = frame.drop_nulls("gold_missing").group_by("gold_missing").len().collect()
+    for reason, n in missing.iter_rows():
+        counts[reason] = counts.get(reason, 0) + n
+
+
+def _nothing_to_train_on(summary: ExportSummary, splits: list[str] | None, modes: list[str] | None) -> str:
+    chosen = f"split {','.join(splits) if splits else 'all'}, mode {','.join(modes) if modes else 'all'}"
+    unwritten = f"{summary.path} was not written"
+    if not summary.left_out:
+        return f"nothing to train on: the lake has no records for {chosen}; {unwritten}"
+    hint = (
+        "run `trajforge extract` first"
+        if "rationale_missing" in summary.left_out
+        else "the quarantine (stage extract) says why every answer was rejected"
+    )
+    return (
+        f"nothing to train on yet: no state of {chosen} has a gold rationale; "
+        f"{summary.describe_left_out()}; {hint}; {unwritten}"
+    )

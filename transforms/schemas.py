@@ -238,6 +238,7 @@ HISTORY = pa.schema(
         ("kind", pa.string()),
         ("title", pa.string()),
         ("category", pa.string()),
+        ("split", pa.string()),  # the user's split, as on every other table
     ]
 )
 QUARANTINE = pa.schema(
@@ -253,6 +254,10 @@ QUARANTINE = pa.schema(
     ]
 )
 
+#: why a state has no gold response (``records.gold_missing``; its ``response`` is then null):
+#: ``rationale_missing``: no rationale for the state yet (extraction has not run, or stopped before
+#: it: a re-run fills it); ``rationale_quarantined``: extraction rejected every answer (see quarantine)
+GOLD_MISSING: tuple[str, ...] = ("rationale_missing", "rationale_quarantined")
 RECORDS = pa.schema(
     [
         ("record_id", pa.string()),  # "<session_id>:<step>"
@@ -266,7 +271,10 @@ RECORDS = pa.schema(
         ("action", pa.string()),  # gold action label (one of the 13)
         ("action_json", pa.string()),  # gold action object, e.g. {"type":"click","target":"..."}
         ("rationale", pa.string()),  # first-person reason; null until extraction fills it
-        ("response", pa.string()),  # gold response JSON {"rationale": ..., "action": {...}}
+        # gold response JSON {"rationale": ..., "action": {...}}; null when the state has no gold
+        # rationale yet, and then gold_missing says why (a trainer keeps rows where it is null)
+        ("response", pa.string()),
+        ("gold_missing", pa.string()),  # null | rationale_missing | rationale_quarantined
         ("intent", pa.string()),  # privileged trajectory intent text: train split only, once extracted
         ("split", pa.string()),
         ("token_estimate", pa.int32()),

@@ -469,6 +469,8 @@ def history_suite(settings: IngestSettings) -> TableSuite:
         not_null("user_id"),
         in_set("kind_known", "kind", HISTORY_KINDS, "history rows are clicks or buys", **row),
         not_null("title", doc="a history row names its item", **row),
+        not_null("split", doc="a history row carries its user's split"),
+        _split_known(),
         helper_true("_ts_plausible", "timestamps are after 2000 and not in the future", **row),
     ]
     return TableSuite("history", "history", S.HISTORY, (), tuple(checks), (ts_plausible(),), doc="pre-window")
@@ -492,7 +494,6 @@ def records_suite(settings: IngestSettings) -> TableSuite:
         "prompt",
         "action",
         "action_json",
-        "response",
         "split",
     )
     lo, hi = RATIONALE_CHARS
@@ -509,6 +510,19 @@ def records_suite(settings: IngestSettings) -> TableSuite:
             column="intent",
             when=[("split", "!=", "train")],
         ),
+        not_null(
+            "response",
+            doc="a state has a gold response unless gold_missing says why not",
+            when=[("gold_missing", "null", None)],
+        ),
+        check(
+            "response_null_when_gold_missing",
+            "ExpectColumnValuesToBeNull",
+            "a state without a gold rationale never carries a gold response",
+            column="response",
+            when=[("gold_missing", "not_null", None)],
+        ),
+        in_set("gold_missing_known", "gold_missing", S.GOLD_MISSING, "why a state has no gold response"),
         check(
             "response_is_json",
             "ExpectColumnValuesToBeJsonParseable",

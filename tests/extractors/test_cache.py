@@ -48,3 +48,24 @@ def test_shared_instance_is_rebuilt_when_files_vanish(tmp_path):
     assert ResponseCache.in_lake(lake) is shared and KEY in shared
     shutil.rmtree(lake / "_cache")  # someone cleared the cache: the index must not outlive it
     assert KEY not in ResponseCache.in_lake(lake)
+
+
+def test_spend_adds_up_every_paid_answer_across_processes(tmp_path):
+    first = ResponseCache(tmp_path)
+    first.put(KEY, CachedAnswer('{"rationale": "cost_usd\\":9 in the text"}', 12, 5, "m", 0.25))
+    first.close()
+    second = ResponseCache(tmp_path)  # another run: its own segment
+    other = cache_key({"model": "m"}, "hash", [{"role": "user", "content": "again"}], "rationale")
+    second.put(other, CachedAnswer("{}", 3, 2, "m", 0.5))
+    second.close()
+    # 0.25 + 0.5 from disk; the text's look-alike of the field is escaped, never counted
+    assert ResponseCache(tmp_path).spent_usd == 0.75
+    assert ResponseCache(tmp_path).get(KEY).cost_usd == 0.25
+
+
+def test_answers_written_before_costs_were_kept_count_zero(tmp_path):
+    tmp_path.joinpath("seg-1-1.jsonl").write_text(
+        '{"key":"' + KEY + '","text":"{}","tokens_in":1,"tokens_out":1,"model":"m"}\n'
+    )
+    cache = ResponseCache(tmp_path)
+    assert cache.spent_usd == 0.0 and cache.get(KEY) == CachedAnswer("{}", 1, 1, "m")

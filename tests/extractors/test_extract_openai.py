@@ -10,12 +10,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from extractors.cache import ResponseCache
+from extractors.cache import CACHE_DIR, ResponseCache
 from extractors.fakeserver import default_responder, drop, malformed, reply, slow, status
 from extractors.pipeline import extract_lake
+from flows.extract import spend_line
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import SESSION
 from transforms.lake import read_table
+from transforms.records import export_chat_jsonl
 
 LEAKY_INTENT = json.dumps(
     {"anchors": [{"type": "preference", "text": "bought the Solvia boots for 89", "confidence": 0.9}]}
@@ -91,17 +93,28 @@ def test_every_fault_kind_end_to_end(server, lake):
     # the final state recorded in records: gold responses, and no rationale for the quarantined action
     records = read_table(lake.path, "records")
     held = records.filter(pl.col("record_id") == ENTER_COMMENT)
-    assert held["rationale"].is_null().all()
-    assert (
-        held["response"].to_list() == ['{"rationale":"","action":{"type":"ipv_enter_comment"}}'] * held.height
-    )
+    assert held["rationale"].is_null().all() and held["response"].is_null().all()  # never an empty target
+    assert held["gold_missing"].to_list() == ["rationale_quarantined"] * held.height
     done = records.filter(pl.col("record_id") != ENTER_COMMENT)
-    assert done["rationale"].is_not_null().all()
+    assert done["rationale"].is_not_null().all() and done["gold_missing"].is_null().all()
     assert all(
         json.loads(r)["rationale"] == t for r, t in zip(done["response"], done["rationale"], strict=True)
     )
     assert records.filter(pl.col("split") == "train")["intent"].is_not_null().all()
     assert records.filter(pl.col("split") != "train")["intent"].is_null().all()
+
+
+def test_export_after_a_partly_failed_extraction(server, lake, tmp_path):
+    script_faults(server)
+    extract_lake(lake.path, fast_settings(server, max_reasks=2))
+    out = tmp_path / "sft.jsonl"
+    exported = export_chat_jsonl(lake.path, out)
+    # 27 records (19 single + 8 cross); the quarantined rationale is sA's step 3, a single-mode
+    # state only (user A has one session): 26 lines, 1 left out, counted
+    assert exported.lines == 26 and exported.left_out == {"rationale_quarantined": 1}
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(lines) == 26 and ENTER_COMMENT not in {line["record_id"] for line in lines}
+    assert all(json.loads(line["messages"][2]["content"])["rationale"].strip() for line in lines)
 
 
 def test_second_run_sends_zero_requests(server, lake):
@@ -153,11 +166,23 @@ def test_budget_cap_stops_cleanly_then_resumes(server, lake):
     assert read_table(lake.path, "records").unique("record_id")["rationale"].is_not_null().sum() == 8
     assert read_table(lake.path, "quarantine").filter(pl.col("stage") == "extract").height == 0
 
-    resumed = extract_lake(lake.path, fast_settings(server, concurrency=1, max_tokens=100))
+    assert summary["budget_usd"] == 350.0 and summary["lake_cost_usd"] == 260.0  # the lake's first spend
+
+    raised = fast_settings(
+        server, concurrency=1, max_tokens=100, price_output_per_mtok=1e6, budget_usd=1000.0
+    )
+    resumed = extract_lake(lake.path, raised)
     # resume: the 10 paid answers come from the cache; only the 13 pending jobs are sent
     assert len(server.chat_requests()) == 23 and resumed["cache_hits"] == 10 and resumed["requests"] == 13
     assert resumed["counts"]["rationales"]["ok"] == 19 and resumed["stopped"] is None
     assert read_table(lake.path, "rationales")["record_id"].is_unique().all()
+    # this run paid 13 x 26 = $338; the lake in all 260 + 338 = $598, also read back from disk alone
+    assert resumed["cost_usd"] == 338.0 and resumed["lake_cost_usd"] == 598.0
+    assert ResponseCache(Path(lake.path) / CACHE_DIR).spent_usd == 598.0
+    assert spend_line(resumed) == (
+        "cost $338.0000 this run (budget $1000.00); $598.0000 for this lake in all "
+        "(every answer in its response cache)"
+    )
 
 
 def test_api_key_never_logged_or_written(server, lake, caplog, capsys, monkeypatch):

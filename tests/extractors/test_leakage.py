@@ -23,7 +23,7 @@ TRAJECTORY = {
     "generic_terms": ["Apparel", "Women", "Dresses", "Ankle boots", "Cotton", "Navy"],
 }
 
-# (text, expected codes in text order): 46 rows, 35 leaky and 11 clean
+# (text, expected codes in text order): 68 rows, 51 leaky and 17 clean
 TABLE: list[tuple[str, list[str]]] = [
     # identifiers
     (f"revisits {ITEM['i01']} often", ["item_id"]),
@@ -60,6 +60,24 @@ TABLE: list[tuple[str, list[str]]] = [
     ("returned the skirt", ["outcome_word"]),
     ("ended the session without choosing", ["outcome_word"]),
     ("tends to end each session empty-handed", ["outcome_word"]),  # "end ... session" as an outcome
+    # "check out", every inflection and spelling: one outcome each
+    ("tends to check out fast", ["outcome_word"]),
+    ("checks out without comparing", ["outcome_word"]),
+    ("checking out is quick for her", ["outcome_word"]),
+    ("prefers a checked-out basket", ["outcome_word"]),
+    ("dislikes a slow check-out", ["outcome_word"]),
+    ("many checkouts in a week", ["outcome_word"]),
+    ("likes to check it out in person", ["outcome_word"]),
+    # "add to cart", every inflection and spelling: one action each, the phrase not repeated as "cart"
+    ("add to cart is her habit", ["action_word"]),
+    ("added it to my cart at once", ["action_word"]),
+    ("adding to cart without reading", ["action_word"]),
+    ("put it in the cart", ["action_word"]),
+    ("relies on add-to-cart", ["action_word"]),
+    ("fond of add_to_cart", ["action_word"]),
+    ("placed it in the basket", ["action_word"]),
+    ("tosses options into her shopping trolley", ["action_word"]),
+    ("wishlisted the dress", ["action_word"]),
     # steps and positions
     ("hesitated at step 5", ["step_reference"]),
     ("the third item caught her eye", ["position_reference"]),
@@ -78,6 +96,13 @@ TABLE: list[tuple[str, list[str]]] = [
     ("weighs similar dresses against each other", []),  # category words belong to no item
     ("worries about return policies", []),  # a concern, not the outcome "returned"
     ("favours navy ankle boots in cotton", []),
+    # words that only look like the forbidden ones
+    ("drawn to checkered patterns", []),
+    ("likes cartoon prints", []),
+    ("wants sturdy carton packaging", []),
+    ("I checked the price twice", []),  # checking something is not checking out
+    ("wants outfits that stand out", []),
+    ("adds layers in colder months", []),  # adding, but to nothing like a cart
 ]
 
 
@@ -153,6 +178,27 @@ def test_clean_intents_have_no_false_positives(text: str):
         ("Time to stop browsing for now.", "end", []),
         ("Time to stop browsing for now.", "click", ["contradicts_action"]),
         ("I'll head back to the feed and keep looking.", "back_home", []),
+        # claims of having done it, in any form
+        ("I added it to cart.", "scroll_down", ["contradicts_action"]),
+        ("I've added this to my cart.", "ipv_scroll_down", ["contradicts_action"]),
+        ("Adding to cart now.", "scroll_down", ["contradicts_action"]),
+        ("I put it in the cart.", "click", ["contradicts_action"]),
+        ("I bought it.", "scroll_down", ["contradicts_action"]),
+        ("I checked out.", "click", ["contradicts_action"]),
+        ("I'm checking out now.", "ipv_cart", ["contradicts_action"]),
+        ("I went back to the feed.", "click", ["contradicts_action"]),
+        ("I'm done shopping for today.", "ipv_scroll_down", ["contradicts_action"]),
+        ("I'll scroll down to see more.", "click", ["contradicts_action"]),
+        ("I'll scroll down to see more.", "scroll_up", ["contradicts_action"]),  # the other direction
+        ("I'll scroll down to see more.", "ipv_scroll_down", []),
+        ("I'll keep scrolling.", "scroll_up", []),  # no direction: any scroll
+        # not a claim of another action
+        ("I already added it to my cart, so I'll keep looking.", "scroll_down", []),  # placed earlier
+        ("I added it to my cart earlier; now I want more options.", "scroll_down", []),
+        ("I'll check out the reviews first.", "ipv_enter_comment", []),  # looking, not paying
+        ("The details check out and it suits me; I'll save it in my cart.", "ipv_cart", []),
+        ("I saved some money last month.", "click", []),  # saved, but not into a cart
+        ("I checked the price and it is fair.", "ipv_buy", []),
     ],
 )
 def test_rationale_consistency(text: str, action: str, expected: list[str]):

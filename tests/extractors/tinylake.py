@@ -174,7 +174,8 @@ def records_frame() -> pl.DataFrame:
                         "action": action,
                         "action_json": aj,
                         "rationale": None,
-                        "response": '{"rationale":"","action":' + aj + "}",
+                        "response": None,  # no gold response before extraction
+                        "gold_missing": "rationale_missing",
                         "intent": None,
                         "split": split,
                         "token_estimate": 0,

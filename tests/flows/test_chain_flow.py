@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 
+from typer.testing import CliRunner
+
+from extractors.config import ExtractSettings
+from extractors.pipeline import extract_lake
 from flows.chain import chain_flow, summary_path
+from flows.cli import app
 from flows.records import records_flow
 from flows.records import summary_path as records_summary_path
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
@@ -47,10 +52,29 @@ def test_chain_then_records_flows(prefect_harness, tmp_path):
     assert query(lake, "SELECT n_sessions FROM histories")["n_sessions"].to_list() == [2]
 
     out = tmp_path / "sft.jsonl"
-    result = records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
+    # before extraction no state has a gold rationale: the export writes nothing and says why
+    before = records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
+    assert before["export"]["nothing_to_train_on"].startswith("nothing to train on yet")
     # 11 single-session states + the same 11 in cross mode (the user has two sessions)
+    stored = json.loads(records_summary_path(lake).read_text())
+    assert stored["records"]["records"] == 22 and stored["export"]["left_out"] == {"rationale_missing": 22}
+    assert not out.exists()
+
+    extract_lake(lake, ExtractSettings(progress=False))  # the offline backend: every rationale accepted
+    result = records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
     assert result["records"]["records"] == 22 and result["records"]["gold_not_executable"] == {}
     assert result["export"]["lines"] == 22 and len(out.read_text().splitlines()) == 22
+    assert result["export"]["left_out"] == {} and result["records"]["gold_missing"] == {}
     views = query(lake, "SELECT mode, count(*) AS n FROM records GROUP BY mode ORDER BY mode")
     assert views.rows() == [("cross", 11), ("single", 11)]
     assert json.loads(records_summary_path(lake).read_text())["records"]["records"] == 22
+
+
+def test_export_before_extraction_exits_non_zero(prefect_harness, tmp_path):
+    lake = two_day_lake(tmp_path)
+    out = tmp_path / "sft.jsonl"
+    result = CliRunner().invoke(app, ["records", "--lake", lake, "--export-jsonl", str(out)])
+    # the default export split is train; the one user's 11 + 11 states have no rationale yet
+    assert result.exit_code == 1 and not out.exists()
+    assert "nothing to train on yet" in result.output and "22 rationale_missing" in result.output
+    assert "run `trajforge extract` first" in result.output

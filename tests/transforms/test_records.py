@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from transforms.lake import read_table, write_table
+from transforms.lake import read_table, table_files, write_quarantine, write_table
 from transforms.prompts import (
     Card,
     DetailPage,
@@ -30,8 +30,8 @@ from transforms.prompts import (
     token_estimate,
 )
 from transforms.prompts.render import DONE_ACTIONS, fmt_gap, fmt_price
-from transforms.records import build_records, export_chat_jsonl, item_texts, write_records
-from transforms.schemas import HISTORY, ITEMS, PROFILE_FIELDS, SESSIONS, STEPS
+from transforms.records import NothingToTrainOn, build_records, export_chat_jsonl, item_texts, write_records
+from transforms.schemas import HISTORY, ITEMS, PROFILE_FIELDS, QUARANTINE, RATIONALES, SESSIONS, STEPS
 
 GOLDEN = Path(__file__).parent / "golden"
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
@@ -271,9 +271,11 @@ def random_world(seed: int = 7, users: int = 12) -> dict[str, pl.DataFrame]:
 
 
 def reference_records(
-    world: dict[str, pl.DataFrame], mode: str, settings: PromptSettings
+    world: dict[str, pl.DataFrame], mode: str, settings: PromptSettings, rationales: dict[str, str]
 ) -> dict[str, tuple]:
-    """Independent, loop-based construction of every state; returns record_id -> (prompt, response)."""
+    """Independent, loop-based construction of every state; returns record_id -> (prompt, response).
+
+    ``rationales`` by record id; a state without one (or with a blank one) has no gold response."""
     items = {r["item_id"]: r for r in world["items"].to_dicts()}
     steps = world["steps"].sort("session_id", "step").to_dicts()
     sessions = sorted(
@@ -327,14 +329,19 @@ def reference_records(
                     review_alias=st["review_alias"],
                     distance=st["distance"],
                 )
-                out[f"{st['session_id']}:{st['step']}"] = (
+                record_id = f"{st['session_id']}:{st['step']}"
+                thought = rationales.get(record_id, "").strip() and rationales[record_id]
+                out[record_id] = (
                     render_prompt(state, settings),
-                    response_json(None, action),
+                    response_json(thought, action) if thought else None,
                 )
                 gap = None
                 if st["step"] == 0 and prev is not None:
                     gap = max((sess["start_ts"] - prev["end_ts"]) // timedelta(milliseconds=1), 0) / 1000
-                window = [*window, past_step(st["step"], obs, action, session=ordinal, gap_s=gap)]
+                window = [
+                    *window,
+                    past_step(st["step"], obs, action, rationale=thought or None, session=ordinal, gap_s=gap),
+                ]
                 if st["action"] in DONE_ACTIONS:
                     done[st["action"]] += 1
                 if st["action"] == "click":
@@ -383,22 +390,42 @@ def test_vectorised_builder_matches_the_renderer(mode):
     settings = PromptSettings(
         window_single=4, window_cross=6, recent_clicks=3, recent_buys=2, max_reviews=2, review_chars=30
     )
+    # steps 0, 3, 6, ... have no rationale, odd steps of those are quarantined ones; every 4th
+    # one of the rest is blank, which counts as none
+    steps = world["steps"].select("session_id", "step")
+    rationales = steps.filter(pl.col("step") % 3 != 0).with_columns(
+        pl.when(pl.col("step") % 4 == 1)
+        .then(pl.lit("  "))
+        .otherwise(pl.format("Thought {} about it.", pl.col("step")))
+        .alias("rationale")
+    )
+    quarantined = steps.filter((pl.col("step") % 3 == 0) & (pl.col("step") % 2 == 1))
     built = build_records(
         world["steps"],
         world["sessions"],
         item_texts(world["items"].lazy(), settings).collect(),
         mode=mode,
         history=world["history"],
+        rationales=rationales,
+        quarantined=quarantined,
         settings=settings,
     )
-    expected = reference_records(world, mode, settings)
+    by_id = {f"{s}:{k}": text for s, k, text in rationales.iter_rows()}
+    expected = reference_records(world, mode, settings, by_id)
     assert built.height == len(expected) > 20
     for row in built.iter_rows(named=True):
         prompt, response = expected[row["record_id"]]
         assert row["prompt"] == prompt, row["record_id"]
         assert row["response"] == response
+        step = row["step"]
+        if step % 3 == 0:
+            reason = "rationale_quarantined" if step % 2 == 1 else "rationale_missing"
+        else:
+            reason = "rationale_missing" if step % 4 == 1 else None
+        assert row["gold_missing"] == reason, row["record_id"]
+        assert (row["rationale"] is None) == (reason is not None)
         assert row["system"] == system_prompt(mode, settings.geometry)
-        assert row["token_estimate"] == token_estimate(row["system"], prompt, response)
+        assert row["token_estimate"] == token_estimate(row["system"], prompt, response or "")
 
 
 # --- the hand-built lake: windows, recent lists, cross mode -------------------------------
@@ -537,17 +564,66 @@ def test_single_mode_window_stays_in_the_session():
     assert by_session == {"s1": "likes totes", "s2": None, "s3": None}
 
 
-def test_write_records_and_export_chat_jsonl(tmp_path):
+def write_hand_lake(path: Path) -> None:
     lake = hand_lake()
     for name in ("steps", "sessions", "items", "history"):
-        write_table(tmp_path, name, lake[name])
+        write_table(path, name, lake[name])
+
+
+def test_write_records_and_export_before_extraction(tmp_path):
+    write_hand_lake(tmp_path)
     summary = write_records(tmp_path, modes=["single", "cross"], chunk_states=4)
     # 13 single states + 10 cross states (u1 only); nothing recorded is unexecutable
     assert summary.records == 23 and summary.gold_not_executable == {}
+    assert summary.gold_missing == {"rationale_missing": 23}  # no rationale exists yet
     records = read_table(tmp_path, "records")
     assert records.height == 23 and records.select("mode", "record_id").is_unique().all()
+    assert records["response"].is_null().all()  # an empty rationale is never a gold target
     out = tmp_path / "sft.jsonl"
-    assert export_chat_jsonl(tmp_path, out, splits=["train"], modes=["single"]) == 10  # s1 + s2
-    first = json.loads(out.read_text(encoding="utf-8").splitlines()[0])
-    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
-    assert json.loads(first["messages"][2]["content"])["action"]["type"] in {"scroll_down", "click"}
+    with pytest.raises(NothingToTrainOn) as stop:
+        export_chat_jsonl(tmp_path, out, splits=["train"], modes=["single"])
+    # train, single: s1 (7 states) + s2 (3 states), none with a rationale
+    assert "nothing to train on yet" in str(stop.value) and "10 rationale_missing" in str(stop.value)
+    assert stop.value.summary.left_out == {"rationale_missing": 10} and not out.exists()
+
+
+def test_export_after_a_partly_failed_extraction(tmp_path):
+    write_hand_lake(tmp_path)
+    said = {f"s1:{k}": f"Reason {k} for this." for k in (0, 1, 3, 4, 5)} | {"s2:0": "Go.", "s2:1": "Buy."}
+    said["s1:2"] = " "  # blank: no rationale at all
+    rationales = [
+        {"record_id": rid, "session_id": rid.split(":")[0], "step": int(rid.split(":")[1]), "rationale": text}
+        for rid, text in said.items()
+    ]
+    write_table(tmp_path, "rationales", typed(rationales, RATIONALES))
+    rejected = {"stage": "extract", "reason": "leakage", "kept": False}
+    held = [rejected | {"payload": json.dumps({"record_id": "s1:6", "last_answer": "I bought it."})}]
+    held.append(rejected | {"payload": json.dumps({"trajectory": "s1"})})  # an intent: no state of its own
+    write_quarantine(tmp_path, "extract", typed(held, QUARANTINE))
+    summary = write_records(tmp_path, modes=["single"])
+    # single mode: 13 states; rationales for 7 (s1: 0, 1, 3, 4, 5; s2: 0, 1), s1:6 quarantined,
+    # the rest missing: s1:2 (blank), s2:2, s3:0..2 -> 13 - 7 - 1 = 5
+    assert summary.gold_missing == {"rationale_quarantined": 1, "rationale_missing": 5}
+    out = tmp_path / "sft.jsonl"
+    exported = export_chat_jsonl(tmp_path, out, splits=["train"], modes=["single"])
+    # train (s1 + s2 = 10 states): 7 exported, 1 quarantined and 2 missing (s1:2, s2:2) left out
+    assert exported.lines == 7 and exported.left_out == {"rationale_quarantined": 1, "rationale_missing": 2}
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert sorted(line["record_id"] for line in lines) == sorted(k for k in said if k != "s1:2")
+    for line in lines:
+        assert [m["role"] for m in line["messages"]] == ["system", "user", "assistant"]
+        gold = json.loads(line["messages"][2]["content"])
+        assert gold["rationale"] == said[line["record_id"]] and gold["rationale"].strip()
+    assert (
+        exported.describe_left_out()
+    ) == "left out 3 states without a gold rationale: 2 rationale_missing, 1 rationale_quarantined"
+
+
+def test_export_refuses_records_that_cannot_tell_a_missing_rationale(tmp_path):
+    write_hand_lake(tmp_path)
+    write_records(tmp_path, modes=["single"])
+    for part in table_files(tmp_path, "records"):  # as an older records stage wrote them
+        pl.read_parquet(part, hive_partitioning=False).drop("gold_missing").write_parquet(part)
+    with pytest.raises(ValueError, match="re-run `trajforge records` first"):
+        export_chat_jsonl(tmp_path, tmp_path / "sft.jsonl")
+    assert not (tmp_path / "sft.jsonl").exists()

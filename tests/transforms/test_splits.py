@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from tests.bundles import event, feeds, tiny_bundle, write_bundle
+from tests.bundles import at, event, feeds, tiny_bundle, write_bundle
 from transforms.chain import chain, split_by_activity
+from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
 from transforms.lake import read_table
 from transforms.rekey import Pseudonymizer, split_of
@@ -89,3 +90,24 @@ def test_new_day_and_new_user_keep_old_assignments(tmp_path):
     assert (joined["split"] == joined["split_1"]).all()
     # pv-A ends 31 s after T0, pv-B starts one day after T0: gap 86,369 s
     assert histories["n_sessions"].max() == 2 and histories["gaps_s"].explode().max() == day - 31
+
+
+def test_history_carries_its_users_split(tmp_path):
+    """Pre-window history rows carry the split of their user, also of a user seen in history only."""
+    bundle = tiny_bundle()
+    bundle["history"] += [
+        {"user_id": "usr-9", "ts": at(-3600), "kind": "click", "title": "Wool scarf", "category": "Apparel"}
+    ]
+    write_bundle(bundle, tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    history = read_table(tmp_path / "lake", "history").select("user_id", "split")
+    profiles = read_table(tmp_path / "lake", "profiles").select("user_id", "split")
+    assert history.height == 2 and history["split"].is_not_null().all()
+    # usr-1 has events and a profile: its history row agrees with its profile
+    joined = history.join(profiles, on="user_id", suffix="_profile")
+    assert joined.height == 1 and joined["split"][0] == joined["split_profile"][0]
+    # usr-9 has neither: its split comes from its pseudonym alone (the default key, seed and ratios)
+    settings = IngestSettings()
+    usr9 = Pseudonymizer(settings.rekey_key).column(pl.Series(["usr-9"]), "user")
+    expected = split_of(usr9, settings.split_seed, settings.split_ratios)[0]
+    assert history.filter(pl.col("user_id") == usr9[0])["split"].to_list() == [expected]

@@ -163,6 +163,8 @@ def history() -> pl.DataFrame:
         {"user_id": "u1", "ts": _ts(-80_000), "kind": "buy", "title": "Old tee", "category": "apparel"},
         {"user_id": "u2", "ts": _ts(-3_600), "kind": "click", "title": "Bag", "category": "bags"},
     ]
+    splits = {"u1": "train", "u2": "val"}  # as in profiles()
+    rows = [row | {"split": splits[row["user_id"]]} for row in rows]
     return _frame("history", rows)
 
 
