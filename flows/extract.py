@@ -22,6 +22,7 @@ from rich.table import Table
 
 from extractors.config import ExtractSettings
 from extractors.pipeline import BucketReport, Carry, extract_bucket, finalize, record_buckets
+from flows.catalog import refresh_catalog_task
 from flows.validate import gate_task
 
 
@@ -64,6 +65,7 @@ def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str
         reports.append(extract_partition(lake, bucket, settings, carry))
         carry = reports[-1]["carry"]
     summary = assemble(lake, settings, reports, started)
+    refresh_catalog_task(lake)  # intents and rationales are new tables: SQL sees them right away
     summary["validation"] = gate_task(lake, ["intents", "rationales", "records"], stage="extract")["run_id"]
     return summary
 
