@@ -11,11 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.interrupt import InterruptibleGroup
 from flows.summary import print_ingest_summary, progress_bar
 from transforms.config import IngestSettings
 
 app = typer.Typer(
-    help="Build faithful shopper-simulator datasets from interaction logs.", no_args_is_help=True
+    cls=InterruptibleGroup,
+    help="Build faithful shopper-simulator datasets from interaction logs.",
+    no_args_is_help=True,
 )
 console = Console()
 
