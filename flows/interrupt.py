@@ -23,6 +23,7 @@ KEPT_ON_INTERRUPT: dict[str, str] = {
     "extract": "every answer received so far is cached in the lake and is not asked for again",
     "run": "the stages that finished are in the lake; the stage cut short left its previous tables",
     "synth": "the raw bundle is written aside and moved into place only when complete",
+    "serve": "the served deployments stay registered, their schedules paused until served again",
 }
 KEPT_BY_A_STAGE = "the lake keeps its previous tables: a stage swaps its tables in only when complete"
 
