@@ -110,7 +110,7 @@ def extract_command(
     ] = "heuristic",
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="TOML file with [extract] settings", exists=True, dir_okay=False),
+        typer.Option("--config", help="TOML file with \\[extract] settings", exists=True, dir_okay=False),
     ] = None,
     base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model name the endpoint serves")] = None,
