@@ -178,7 +178,7 @@ def sql(
     lake: LakeOption = Path("sample/lake"),
     limit: Annotated[int, typer.Option("--limit", help="rows printed as a table (csv and json: all)")] = 50,
     output: Annotated[
-        SqlFormat, typer.Option("--format", help="table | csv | json (csv: lists and structs as JSON text)")
+        SqlFormat, typer.Option("--format", help="csv and json: every row; in csv lists and structs are JSON")
     ] = SqlFormat.table,
 ) -> None:
     """Run read-only SQL against LAKE/warehouse.duckdb and print the result, every value in full."""
