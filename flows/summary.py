@@ -63,6 +63,9 @@ def print_ingest_summary(console: Console, summary: dict, wall: float) -> None:
     console.print(f"ingest finished in {wall:.1f}s{note}; lake: {summary['lake']}")
 
 
+UNBOUNDED = 1_000_000  # columns a table may take before Rich starts to shrink them
+
+
 def print_frame(console: Console, frame: pl.DataFrame, limit: int) -> None:
     """The first ``limit`` rows as a table with every value in full: the table is as wide as its
     widest row, whatever the terminal's width (a long line wraps there rather than cutting a column)."""
@@ -75,9 +78,6 @@ def print_frame(console: Console, frame: pl.DataFrame, limit: int) -> None:
     Console(file=console.file, width=max(console.width, natural)).print(table)
     if frame.height > limit:
         console.print(f"({frame.height:,} rows, first {limit} shown)")
-
-
-UNBOUNDED = 1_000_000  # columns a table may take before Rich starts to shrink them
 
 
 def frame_as_csv(frame: pl.DataFrame) -> str:

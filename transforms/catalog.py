@@ -66,9 +66,10 @@ def warehouse_path(lake: str | Path) -> Path:
 #: bumped when views change how they locate their files: an older catalog is rebuilt on open
 LAYOUT = "views-beside-the-catalog-file/1"
 
-# DuckDB offers no function that names the database file a view lives in, but its temp_directory
-# defaults to "<database file>.tmp" and, unlike a query, may be read while a view's table function
-# is bound; when it is not that default the views cannot tell where their lake is, and say so.
+# A view cannot ask which database file holds it (a table function's arguments admit no subquery
+# of duckdb_databases()), but DuckDB's temp_directory defaults to "<database file>.tmp" and a
+# setting may be read there; when it is not that default the views cannot tell where their lake
+# is, and say so instead of reading whatever a relative path would find.
 LAKE_FOLDER_MACRO = """CREATE MACRO lake_folder() AS
     CASE WHEN current_setting('temp_directory') LIKE '%.duckdb.tmp'
          THEN parse_dirpath(current_setting('temp_directory'))
