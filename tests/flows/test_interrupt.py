@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from extractors.fakeserver import FakeOpenAIServer
 from flows.cli import app
-from flows.interrupt import interrupted_line
+from flows.interrupt import interrupted_line, keep_api_server_through_interrupts
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.lake import read_table
 
@@ -72,3 +72,17 @@ def test_ctrl_c_ends_extract_in_seconds_and_a_rerun_resumes(prefect_harness, tmp
 def test_the_line_names_the_command_to_rerun():
     assert "run `trajforge chain` again" in interrupted_line("chain")
     assert interrupted_line(None).startswith("interrupted: the lake keeps its previous tables")
+
+
+def test_prefect_starts_its_server_outside_the_terminals_process_group():
+    from prefect.server.api import server
+
+    keep_api_server_through_interrupts()
+    keep_api_server_through_interrupts()  # a second call changes nothing
+    # the same call Prefect makes for its server: the child leads a session of its own
+    child = server.subprocess.Popen(
+        [sys.executable, "-c", "import os; print(os.getsid(0))"], stdout=subprocess.PIPE, text=True
+    )
+    out, _ = child.communicate(timeout=60)
+    assert int(out) == child.pid != os.getsid(0)
+    assert server.subprocess.TimeoutExpired is subprocess.TimeoutExpired  # the rest of the module as is
