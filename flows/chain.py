@@ -13,8 +13,8 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
+from flows.catalog import refresh_catalog_task
 from flows.validate import gate_task
-from transforms.catalog import refresh_catalog
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
 from transforms.lake import scan_table, write_table
 
@@ -42,11 +42,6 @@ def chain_histories(lake: str) -> dict:
     return {"histories": str(path), "rows": histories.height, "stats": stats.model_dump()}
 
 
-@task(name="refresh-catalog", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def catalog(lake: str) -> str:
-    return str(refresh_catalog(lake))
-
-
 @task(name="record-chain-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
 def record_run(lake: str, result: dict) -> str:
     """Store the summary as LAKE/_runs/chain/summary.json and as a Prefect markdown artifact."""
@@ -61,7 +56,7 @@ def record_run(lake: str, result: dict) -> str:
 def chain_flow(lake: str) -> dict:
     """sessions -> histories (one row per user) + statistics summary."""
     result = chain_histories(lake)
-    catalog(lake)
+    refresh_catalog_task(lake)
     result["validation"] = gate_task(lake, ["histories"], stage="chain")["run_id"]
     summary = record_run(lake, result)
     return {**result, "summary": summary}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import tomllib
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -11,18 +12,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from flows.interrupt import InterruptibleGroup
 from flows.summary import print_ingest_summary, progress_bar
 from transforms.config import IngestSettings
 
 app = typer.Typer(
-    help="Build faithful shopper-simulator datasets from interaction logs.", no_args_is_help=True
+    cls=InterruptibleGroup,
+    help="Build faithful shopper-simulator datasets from interaction logs.",
+    no_args_is_help=True,
 )
 console = Console()
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", help="TOML file with [ingest] settings", exists=True, dir_okay=False),
+    # escaped: Rich would read [ingest] as markup and print nothing in its place
+    typer.Option("--config", help="TOML file with \\[ingest] settings", exists=True, dir_okay=False),
 ]
 
 
@@ -165,16 +170,25 @@ def validate(
     validate_command(str(lake), table)
 
 
+class SqlFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="read-only SQL over the lake views")],
     lake: LakeOption = Path("sample/lake"),
-    limit: Annotated[int, typer.Option("--limit", help="rows to print")] = 50,
+    limit: Annotated[int, typer.Option("--limit", help="rows printed as a table (csv and json: all)")] = 50,
+    output: Annotated[
+        SqlFormat, typer.Option("--format", help="csv and json: every row; in csv lists and structs are JSON")
+    ] = SqlFormat.table,
 ) -> None:
-    """Run read-only SQL against LAKE/warehouse.duckdb and print the result."""
+    """Run read-only SQL against LAKE/warehouse.duckdb and print the result, every value in full."""
     import duckdb
 
-    from flows.summary import print_frame
+    from flows.summary import frame_as_csv, frame_as_json, print_frame
     from transforms.catalog import query as run_query
 
     try:
@@ -182,7 +196,10 @@ def sql(
     except (duckdb.Error, FileNotFoundError) as exc:
         console.print(f"[red]query failed:[/red] {exc}")
         raise typer.Exit(1) from exc
-    print_frame(console, frame, limit)
+    if output is SqlFormat.table:
+        print_frame(console, frame, limit)
+    else:
+        typer.echo(frame_as_csv(frame) if output is SqlFormat.csv else frame_as_json(frame), nl=False)
 
 
 @app.command()

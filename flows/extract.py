@@ -22,6 +22,7 @@ from rich.table import Table
 
 from extractors.config import ExtractSettings
 from extractors.pipeline import BucketReport, Carry, extract_bucket, finalize, record_buckets
+from flows.catalog import refresh_catalog_task
 from flows.validate import gate_task
 
 
@@ -64,6 +65,7 @@ def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str
         reports.append(extract_partition(lake, bucket, settings, carry))
         carry = reports[-1]["carry"]
     summary = assemble(lake, settings, reports, started)
+    refresh_catalog_task(lake)  # intents and rationales are new tables: SQL sees them right away
     summary["validation"] = gate_task(lake, ["intents", "rationales", "records"], stage="extract")["run_id"]
     return summary
 
@@ -119,7 +121,7 @@ def extract_command(
     ] = "heuristic",
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="TOML file with [extract] settings", exists=True, dir_okay=False),
+        typer.Option("--config", help="TOML file with \\[extract] settings", exists=True, dir_okay=False),
     ] = None,
     base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint")] = None,
     model: Annotated[str | None, typer.Option("--model", help="model name the endpoint serves")] = None,

@@ -10,8 +10,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.catalog import refresh_catalog_task
 from flows.validate import gate_task, quiet_tracebacks
-from transforms.catalog import refresh_catalog
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
 from transforms.lake import table_files
@@ -43,11 +43,6 @@ def ingest_tables(raw: str, lake: str, settings: IngestSettings, source_format: 
         source_format=source_format,
     )
     return result.to_json()
-
-
-@task(name="refresh-catalog", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def catalog(lake: str) -> str:
-    return str(refresh_catalog(lake))
 
 
 @task(name="record-run", cache_policy=NO_CACHE)
@@ -106,7 +101,7 @@ def ingest_flow(
         get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
         return {**previous, "skipped": True}
     summary = ingest_tables(raw, lake, settings, source_format)
-    catalog(lake)
+    refresh_catalog_task(lake)
     # the gate runs before the run is recorded: a stopped gate leaves no "unchanged" manifest behind
     gate = gate_task(
         lake, list(INGESTED_TABLES), stage="ingest", raw=raw if source_format == "bundle" else None

@@ -11,7 +11,8 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
-from flows.chain import RUNS, catalog, write_json
+from flows.catalog import refresh_catalog_task
+from flows.chain import RUNS, write_json
 from flows.validate import gate_task
 from transforms.prompts import PromptSettings
 from transforms.records import (
@@ -81,7 +82,7 @@ def records_flow(
     settings = settings or PromptSettings()
     modes = modes or list(MODES)
     result: dict = {"records": build(lake, modes, settings, chunk_states)}
-    catalog(lake)
+    refresh_catalog_task(lake)
     result["validation"] = gate_task(lake, ["records"], stage="records")["run_id"]
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)

@@ -63,12 +63,36 @@ def print_ingest_summary(console: Console, summary: dict, wall: float) -> None:
     console.print(f"ingest finished in {wall:.1f}s{note}; lake: {summary['lake']}")
 
 
+UNBOUNDED = 1_000_000  # columns a table may take before Rich starts to shrink them
+
+
 def print_frame(console: Console, frame: pl.DataFrame, limit: int) -> None:
+    """The first ``limit`` rows as a table with every value in full: the table is as wide as its
+    widest row, whatever the terminal's width (a long line wraps there rather than cutting a column)."""
     table = Table(show_lines=False)
     for name in frame.columns:
-        table.add_column(name)
+        table.add_column(name, no_wrap=True)
     for row in frame.head(limit).iter_rows():
         table.add_row(*("" if v is None else str(v) for v in row))
-    console.print(table)
+    natural = console.measure(table, options=console.options.update_width(UNBOUNDED)).maximum
+    Console(file=console.file, width=max(console.width, natural)).print(table)
     if frame.height > limit:
         console.print(f"({frame.height:,} rows, first {limit} shown)")
+
+
+def frame_as_csv(frame: pl.DataFrame) -> str:
+    """Every row as CSV; lists and structs (which CSV cannot hold) as JSON text."""
+    nested = [name for name, dtype in frame.schema.items() if dtype.is_nested()]
+    return frame.with_columns(_json_text(name) for name in nested).write_csv()
+
+
+def _json_text(column: str) -> pl.Expr:
+    # Polars encodes structs only as JSON: wrap the value in a one-field struct, then unwrap its text
+    encoded = pl.struct(pl.col(column).alias("v")).struct.json_encode()
+    text = encoded.str.strip_prefix('{"v":').str.strip_suffix("}")
+    return pl.when(pl.col(column).is_not_null()).then(text).alias(column)
+
+
+def frame_as_json(frame: pl.DataFrame) -> str:
+    """Every row as one JSON array of objects, nested values as JSON arrays and objects."""
+    return frame.write_json() + "\n"

@@ -1,13 +1,20 @@
 """The DuckDB catalog: ``LAKE/warehouse.duckdb`` with one view per lake table and
 saved queries as table macros.
 
-Views read the Parquet files in place (nothing is copied); they are recreated
-after every stage and whenever the lake folder has moved, so the catalog always
-describes what is on disk.
+Views read the Parquet files in place (nothing is copied) and find them next to
+the catalog file they are opened from, so a copied or moved lake opened with a
+plain ``duckdb.connect(LAKE/warehouse.duckdb)`` reads its own tables, never the
+original's. A catalog opened some other way (attached to another database, or
+with ``temp_directory`` set) stops every query with the remedy instead.
+
+Every stage that writes a table rebuilds the catalog: beside the old file, then
+renamed over it, so a reader holding the old one open never blocks a stage and
+never sees a half-built catalog (on Linux it keeps reading the file it opened).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
@@ -56,31 +63,71 @@ def warehouse_path(lake: str | Path) -> Path:
     return Path(lake) / WAREHOUSE
 
 
-def _glob(lake: Path, name: str) -> str | None:
+#: bumped when views change how they locate their files: an older catalog is rebuilt on open
+LAYOUT = "views-beside-the-catalog-file/1"
+
+# A view cannot ask which database file holds it (a table function's arguments admit no subquery
+# of duckdb_databases()), but DuckDB's temp_directory defaults to "<database file>.tmp" and a
+# setting may be read there; when it is not that default the views cannot tell where their lake
+# is, and say so instead of reading whatever a relative path would find.
+LAKE_FOLDER_MACRO = """CREATE MACRO lake_folder() AS
+    CASE WHEN current_setting('temp_directory') LIKE '%.duckdb.tmp'
+         THEN parse_dirpath(current_setting('temp_directory'))
+         ELSE error('{remedy}') END"""
+REMEDY = (
+    "the lake views find their tables next to the catalog file, which DuckDB tells them only when "
+    "that file is opened as the main database with temp_directory left at its default: open it with "
+    "duckdb.connect('LAKE/warehouse.duckdb', read_only=True), or run trajforge sql --lake LAKE"
+)
+
+
+def _has_parquet(lake: Path, name: str) -> bool:
     folder = lake / name
-    if not folder.is_dir() or not any(folder.rglob("*.parquet")):
-        return None
-    return (folder / "**" / "*.parquet").as_posix()
+    return folder.is_dir() and any(folder.rglob("*.parquet"))
+
+
+def lake_tables(lake: str | Path) -> list[str]:
+    """The tables on disk: declared ones first, then folders written by later stages."""
+    lake = Path(lake)
+    names = dict.fromkeys((*LAKE_TABLES, *_extra_tables(lake)))
+    return [name for name in names if _has_parquet(lake, name)]
 
 
 def refresh_catalog(lake: str | Path) -> Path:
-    """(Re)create a view per lake table found on disk, plus the saved-query macros."""
+    """Rebuild the catalog: a view per lake table found on disk, plus the saved-query macros.
+
+    Built under a temporary name and renamed into place, so readers of the previous catalog
+    (other processes included) neither block the rebuild nor see it half done.
+    """
     lake = Path(lake).resolve()
-    path = warehouse_path(lake)
+    target = warehouse_path(lake)
+    # ends in .duckdb: its temp_directory default then locates the lake while the views are bound
+    building = lake / f".{WAREHOUSE}-building-{os.getpid()}.duckdb"
+    building.unlink(missing_ok=True)
+    try:
+        _build(building, lake)
+        os.replace(building, target)
+    finally:
+        building.unlink(missing_ok=True)
+        Path(f"{building}.wal").unlink(missing_ok=True)
+    return target
+
+
+def _build(path: Path, lake: Path) -> None:
+    tables = lake_tables(lake)
     with duckdb.connect(str(path)) as con:
-        con.execute("CREATE TABLE IF NOT EXISTS _catalog (key VARCHAR PRIMARY KEY, value VARCHAR)")
-        tables = [n for n in (*LAKE_TABLES, *_extra_tables(lake)) if _glob(lake, n)]
-        for name in dict.fromkeys(tables):
+        con.execute(LAKE_FOLDER_MACRO.format(remedy=REMEDY.replace("'", "''")))
+        for name in tables:
             # union_by_name: files of one table may come from stages that add columns later
             con.execute(
-                f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet("
-                f"'{_glob(lake, name)}', hive_partitioning = false, union_by_name = true)"
+                f"CREATE VIEW {name} AS SELECT * FROM read_parquet("
+                f"lake_folder() || '/{name}/**/*.parquet', hive_partitioning = false, union_by_name = true)"
             )
         for macro, (_, body) in MACROS.items():
             if all(t in tables for t in _tables_used(body)):
-                con.execute(f"CREATE OR REPLACE MACRO {macro}() AS TABLE {body}")
-        con.execute("INSERT OR REPLACE INTO _catalog VALUES ('lake', ?)", [str(lake)])
-    return path
+                con.execute(f"CREATE MACRO {macro}() AS TABLE {body}")
+        con.execute("CREATE TABLE _catalog (key VARCHAR PRIMARY KEY, value VARCHAR)")
+        con.execute("INSERT INTO _catalog VALUES ('layout', ?), ('tables', ?)", [LAYOUT, ",".join(tables)])
 
 
 def _extra_tables(lake: Path) -> list[str]:
@@ -93,23 +140,26 @@ def _tables_used(body: str) -> list[str]:
 
 
 def open_catalog(lake: str | Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection; refreshes the views first if the lake moved or has no catalog."""
+    """A read-only connection; rebuilds the catalog first when it is missing, of an older layout,
+    or does not list the tables on disk."""
     lake = Path(lake).resolve()
     if not lake.is_dir():
         raise FileNotFoundError(f"no lake at {lake}")
     path = warehouse_path(lake)
-    if not path.exists() or _recorded_lake(path) != str(lake):
+    if _recorded(path) != {"layout": LAYOUT, "tables": ",".join(lake_tables(lake))}:
         refresh_catalog(lake)
     return duckdb.connect(str(path), read_only=True)
 
 
-def _recorded_lake(path: Path) -> str | None:
+def _recorded(path: Path) -> dict[str, str]:
+    """What the catalog file says it was built from (empty when it is missing or predates that)."""
+    if not path.exists():
+        return {}
     with duckdb.connect(str(path), read_only=True) as con:
         try:
-            row = con.execute("SELECT value FROM _catalog WHERE key = 'lake'").fetchone()
+            return dict(con.execute("SELECT key, value FROM _catalog").fetchall())
         except duckdb.CatalogException:
-            return None
-    return row[0] if row else None
+            return {}
 
 
 def query(lake: str | Path, sql: str) -> pl.DataFrame:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import shutil
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.catalog import query
+from transforms.ingest import ingest_bundle
+from transforms.lake import read_table
 
 runner = CliRunner()
 
@@ -59,3 +65,52 @@ def test_bundle_without_events_stops_with_one_paragraph(tmp_path):
     assert result.returncode == 1, output
     assert "no 'events' table" in output and "Traceback" not in output
     assert not (tmp_path / "lake" / "steps").exists()
+
+
+@pytest.fixture()
+def lake(tmp_path):
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    return tmp_path / "lake"
+
+
+STEPS_SQL = "SELECT step, action, visible_items FROM steps ORDER BY step"
+
+
+def test_sql_csv_holds_every_row_and_lists_as_json(lake):
+    result = runner.invoke(app, ["sql", "--lake", str(lake), STEPS_SQL, "--format", "csv", "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(io.StringIO(result.output)))
+    steps = read_table(lake, "steps").sort("step")
+    # every row (the table limit does not apply); a list cell is a JSON array of the same ids, and
+    # the detail-page steps, which show no feed, have an empty cell
+    assert [int(r["step"]) for r in rows] == steps["step"].to_list() and len(rows) == 9
+    assert [r["action"] for r in rows] == steps["action"].to_list()
+    cells = [json.loads(r["visible_items"]) if r["visible_items"] else None for r in rows]
+    assert cells == steps["visible_items"].to_list()
+
+
+def test_sql_json_is_an_array_of_row_objects(lake):
+    result = runner.invoke(app, ["sql", "--lake", str(lake), STEPS_SQL, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    steps = read_table(lake, "steps").sort("step").select("step", "action", "visible_items")
+    assert json.loads(result.output) == steps.to_dicts()
+
+
+def test_sql_table_shows_values_wider_than_the_terminal(lake):
+    # the test terminal is 80 columns; a 150-character value and the column after it print in full
+    wide = "x" * 150
+    result = runner.invoke(app, ["sql", "--lake", str(lake), f"SELECT '{wide}' AS wide, 'tail' AS after"])
+    assert result.exit_code == 0, result.output
+    assert wide in result.output and "tail" in result.output
+
+
+def test_sql_rejects_an_unknown_format(lake):
+    result = runner.invoke(app, ["sql", "--lake", str(lake), "SELECT 1", "--format", "xml"])
+    assert result.exit_code == 2 and "xml" in result.output
+
+
+def test_config_help_names_its_section():
+    for command, section in (("ingest", "[ingest]"), ("extract", "[extract]")):
+        result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0 and f"TOML file with {section} settings" in result.output, command

@@ -13,10 +13,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_served_deployments_carry_schedule_and_parameters():
     nightly, on_demand = deployments("/logs", "/lake", cron="30 1 * * *")
-    assert (nightly.name, nightly.flow_name) == ("nightly", "pipeline")
+    assert (nightly.name, nightly.flow_name) == ("nightly-served", "pipeline")
     assert nightly.parameters == {"raw": "/logs", "lake": "/lake"}
     assert [s.schedule.cron for s in nightly.schedules] == ["30 1 * * *"]
-    assert (on_demand.flow_name, on_demand.parameters, on_demand.schedules) == ("validate", {"lake": "/lake"}, [])
+    assert (on_demand.flow_name, on_demand.parameters, on_demand.schedules) == (
+        "validate",
+        {"lake": "/lake"},
+        [],
+    )
 
 
 def test_prefect_yaml_entrypoints_exist():
@@ -24,3 +28,13 @@ def test_prefect_yaml_entrypoints_exist():
     for deployment in spec["deployments"]:
         module, function = deployment["entrypoint"].split(":")
         assert f"def {function}(" in (ROOT / module).read_text(), deployment["entrypoint"]
+
+
+def test_served_names_never_overwrite_the_work_pool_deployments():
+    # a deployment is identified by (flow, name): serving must not reuse a name prefect.yaml declares
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    flow_of = {"flows/pipeline.py:pipeline_flow": "pipeline", "flows/validate.py:validate_flow": "validate"}
+    declared = {(flow_of[d["entrypoint"]], d["name"]) for d in spec["deployments"]}
+    served = {(d.flow_name, d.name) for d in deployments("/logs", "/lake")}
+    assert {flow for flow, _ in served} == {flow for flow, _ in declared} == {"pipeline", "validate"}
+    assert served.isdisjoint(declared)

@@ -1,0 +1,84 @@
+"""Ctrl-C ends any ``trajforge`` command in seconds, with one line and exit code 130.
+
+A terminal's Ctrl-C signals its whole foreground process group. Prefect starts its
+temporary API server as a child in that group, so the server died with the command,
+which then spent minutes retrying to report the interrupted run to it and ended in
+connection tracebacks. Started in a session of its own, the server outlives the
+interrupt, records the interrupted run as crashed, and is stopped at exit as usual.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what shells report for a command ended by Ctrl-C
+
+#: what an interrupted command leaves behind, by command name
+KEPT_ON_INTERRUPT: dict[str, str] = {
+    "extract": "every answer received so far is cached in the lake and is not asked for again",
+    "run": "the stages that finished are in the lake; the stage cut short left its previous tables",
+    "synth": "the raw bundle is written aside and moved into place only when complete",
+    "serve": "the served deployments stay registered, their schedules paused until served again",
+}
+KEPT_BY_A_STAGE = "the lake keeps its previous tables: a stage swaps its tables in only when complete"
+
+
+def interrupted_line(command: str | None) -> str:
+    """The one line printed when Ctrl-C ends ``command``: what was kept and how to resume."""
+    kept = KEPT_ON_INTERRUPT.get(command or "", KEPT_BY_A_STAGE)
+    again = f"`trajforge {command}`" if command else "the command"
+    return f"interrupted: {kept}; run {again} again with the same options to resume"
+
+
+class _SubprocessInOwnSession:
+    """The ``subprocess`` module as Prefect's server module sees it: every Popen in a new session."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:  # the name subprocess.Popen goes by
+        return subprocess.Popen(*args, **{**kwargs, "start_new_session": True})
+
+
+def keep_api_server_through_interrupts() -> None:
+    """Start Prefect's temporary API server outside the terminal's process group (idempotent).
+
+    Only the server module's view of ``subprocess`` changes; every other child process of the
+    command still receives Ctrl-C as usual.
+    """
+    from prefect.server.api import server
+
+    if not isinstance(server.subprocess, _SubprocessInOwnSession):
+        server.subprocess = _SubprocessInOwnSession()
+
+
+class InterruptibleGroup(TyperGroup):
+    """The command group of the CLI: Ctrl-C during a command prints one line, exit code 130.
+
+    Commands that run flows keep Prefect's API server alive through the interrupt, so the
+    interrupted run is recorded at once instead of retried against a dead server.
+    """
+
+    console = Console(stderr=True)
+    #: commands that never run a flow, so never start the API server (and skip importing it)
+    WITHOUT_FLOWS = frozenset({"sql", "synth"})
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if name not in self.WITHOUT_FLOWS:
+            keep_api_server_through_interrupts()
+        return name, command, rest
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            line = interrupted_line(ctx.invoked_subcommand)
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False)
+            raise typer.Exit(INTERRUPTED_EXIT_CODE) from None
