@@ -1,0 +1,119 @@
+"""Trace records, JSONL round trips, and the reference implementation's trace format read into the
+same frames (and so the same figures) as ours."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from evaluation.metrics import score
+from evaluation.traces import (
+    TraceFormatError,
+    load_replay,
+    load_traces,
+    read_replay,
+    read_traces,
+    write_jsonl,
+)
+from tests.evaluation.tiny import as_reference, as_reference_replay, our_replay, population, write_reference
+
+
+def test_our_trace_round_trips(tmp_path):
+    records = population()
+    write_jsonl(tmp_path / "t.jsonl", records)
+    assert read_traces(tmp_path / "t.jsonl") == records
+
+
+def test_reference_rollout_reads_into_the_same_frames(tmp_path):
+    records = population()
+    write_jsonl(tmp_path / "ours.jsonl", records)
+    write_reference(tmp_path / "ref.jsonl", [as_reference(r) for r in records])
+    ours, reference = load_traces(tmp_path / "ours.jsonl"), load_traces(tmp_path / "ref.jsonl")
+    assert reference.sessions.equals(ours.sessions)
+    assert reference.steps.equals(ours.steps)
+    # the rejected buys: legal = false with an empty reason -> illegal_in_state, as ours say
+    rejected = reference.steps.filter(~pl.col("accepted"))
+    assert rejected["reject_reason"].unique().to_list() == ["illegal_in_state"]
+    assert rejected.height == 4  # sessions 0, 3, 6, 9
+
+
+def test_reference_rollout_gives_the_same_figures(tmp_path):
+    records = population()
+    real = [r for r in records if r.source == "real"]
+    sim = [r for r in records if r.source != "real"]
+    write_jsonl(tmp_path / "real.jsonl", real)
+    write_jsonl(tmp_path / "sim.jsonl", sim)
+    write_reference(tmp_path / "real_ref.jsonl", [as_reference(r) for r in real])
+    write_reference(tmp_path / "sim_ref.jsonl", [as_reference(r) for r in sim])
+    ours = score(load_traces(tmp_path / "real.jsonl"), load_traces(tmp_path / "sim.jsonl"))
+    theirs = score(load_traces(tmp_path / "real_ref.jsonl"), load_traces(tmp_path / "sim_ref.jsonl"))
+    assert theirs == ours
+    # simulated sessions 0, 2, ..., 10 have 9 + 6 + 8 + 7 + 8 + 6 = 44 outputs; 0 and 6 each reject a buy
+    assert ours["OVA"] == pytest.approx(42 / 44)
+
+
+def test_reference_step_checks_map_to_reasons_in_protocol_order(tmp_path):
+    episode = {
+        "kind": "rollout",
+        "session_id": "e",
+        "visitor_id": "v",
+        "profile": {},
+        "terminated": False,
+        "truncated": True,
+        "steps": [
+            {"layer": "feed", "action": "click", "parse_ok": False, "legal": False, "executed": False},
+            {"layer": "feed", "action": "fly", "executed": False},
+            {"layer": "feed", "action": "click", "target_resolved": False, "executed": False},
+            {"layer": "feed", "action": "click", "executed": False, "reject_reason": "target_unresolved"},
+            {"action": "ipv_cart", "item_price": 129},  # no layer: an ipv action is on the detail page
+        ],
+    }
+    write_reference(tmp_path / "ref.jsonl", [episode])
+    frames = load_traces(tmp_path / "ref.jsonl")
+    assert frames.steps["reject_reason"].to_list() == [
+        "parse_failure",  # checked first, even though it was also illegal
+        "unknown_action",
+        "target_unresolved",
+        "target_unresolved",
+        None,
+    ]
+    assert frames.steps["screen"].to_list()[-1] == "ipv"
+    assert frames.steps["item_price"].to_list()[-1] == 129.0
+    assert frames.sessions.row(0, named=True)["prior_clicks"] == 0  # missing profile counts -> 0
+
+
+def test_replay_round_trip_and_reference_replay(tmp_path):
+    records = our_replay()
+    write_jsonl(tmp_path / "ours.jsonl", records)
+    assert read_replay(tmp_path / "ours.jsonl") == records
+    write_reference(tmp_path / "ref.jsonl", [as_reference_replay(r) for r in records])
+    assert load_replay(tmp_path / "ref.jsonl").equals(load_replay(tmp_path / "ours.jsonl"))
+
+
+def test_reference_replay_without_prediction(tmp_path):
+    line = {
+        "session_id": "s",
+        "step_index": 0,
+        "layer": "feed",
+        "gt_action": "end",
+        "prediction_present": False,
+    }
+    write_reference(tmp_path / "ref.jsonl", [line])
+    row = load_replay(tmp_path / "ref.jsonl").row(0, named=True)
+    assert (row["accepted"], row["reject_reason"]) == (False, "missing_prediction")
+
+
+def test_a_file_of_neither_format_is_refused(tmp_path):
+    (tmp_path / "x.jsonl").write_text(json.dumps({"session": "s", "events": []}) + "\n")
+    with pytest.raises(TraceFormatError, match="neither user_id"):
+        load_traces(tmp_path / "x.jsonl")
+    with pytest.raises(TraceFormatError, match="no gt_action"):
+        load_replay(tmp_path / "x.jsonl")
+
+
+def test_empty_file_reads_as_no_sessions(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    frames = load_traces(tmp_path / "empty.jsonl")
+    assert (frames.sessions.height, frames.steps.height) == (0, 0)
