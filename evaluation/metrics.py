@@ -327,13 +327,14 @@ def score(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = Non
     from evaluation.supplementary import supplementary_figures
 
     real_side, sim_side = Side.of(real), Side.of(sim)
+    scored = replay.filter(pl.col("unscored_reason").is_null()) if replay is not None else None
     real_rates, sim_rates = outcome_rates(real_side.steps), outcome_rates(sim_side.steps)
     fidelity = population_fidelity(real_side, sim_side)
     figures: dict[str, object] = {
-        "RVA": output_validity(replay) if replay is not None else None,
+        "RVA": output_validity(scored) if scored is not None else None,
         "OVA": output_validity(sim.steps),
-        "F1": macro_f1(replay) if replay is not None else None,
-        "Acc": non_scroll_accuracy(replay) if replay is not None else None,
+        "F1": macro_f1(scored) if scored is not None else None,
+        "Acc": non_scroll_accuracy(scored) if scored is not None else None,
         "DM-JSD": decision_mix_jsd(real_side.visits, sim_side.visits),
         "TE": trajectory_error(real_side.sessions, sim_side.sessions),
         "PF": fidelity["PF"],
@@ -343,7 +344,14 @@ def score(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = Non
     }
     figures.update(supplementary_figures(real_side, sim_side))
     figures["cohorts"] = fidelity["schemes"]
+    figures["replay_unscored"] = unscored_counts(replay) if replay is not None else {}
     return figures
+
+
+def unscored_counts(replay: pl.DataFrame) -> dict[str, int]:
+    """Replay rows left unscored (their recorded state could not be rebuilt), by reason."""
+    counted = replay.filter(pl.col("unscored_reason").is_not_null()).group_by("unscored_reason").len()
+    return dict(sorted(zip(counted["unscored_reason"].to_list(), counted["len"].to_list(), strict=True)))
 
 
 def rounded(value: object, digits: int = 4) -> object:

@@ -85,6 +85,9 @@ class ReplayStep(BaseModel):
     accepted: bool
     reject_reason: str | None = None
     raw_output: str | None = None
+    unscored_reason: str | None = Field(
+        None, description="why the recorded state could not be rebuilt; such a row is counted, not scored"
+    )
 
 
 def write_jsonl(path: str | Path, records: Iterable[BaseModel]) -> int:
@@ -154,7 +157,16 @@ REPLAY_SCHEMA = pl.Schema(
         "pred_review_alias": pl.String,
         "accepted": pl.Boolean,
         "reject_reason": pl.String,
+        "unscored_reason": pl.String,
     }
+)
+REPLAY_TARGETS: tuple[str, ...] = (
+    "gt_target_item_id",
+    "gt_target_title",
+    "gt_review_alias",
+    "pred_target_item_id",
+    "pred_target_title",
+    "pred_review_alias",
 )
 
 
@@ -436,6 +448,7 @@ def _reference_replay(raw: pl.DataFrame) -> pl.DataFrame:
         pl.col("pred_target_alias").alias("pred_review_alias"),
         accepted.alias("accepted"),
         pl.when(accepted).then(None).otherwise(reason).alias("reject_reason"),
+        pl.lit(None, pl.String).alias("unscored_reason"),
     ).select(REPLAY_SCHEMA.names())
 
 
@@ -446,6 +459,8 @@ def load_replay(path: str | Path) -> pl.DataFrame:
     if first is None:
         return pl.DataFrame(schema=REPLAY_SCHEMA)
     if detect_replay_format(first) == "ours":
-        raw = read_jsonl(path, REPLAY_SCHEMA)
-        return raw.with_columns(pl.col("accepted").fill_null(False)).select(REPLAY_SCHEMA.names())
-    return _reference_replay(read_jsonl(path, _REF_REPLAY))
+        frame = read_jsonl(path, REPLAY_SCHEMA).with_columns(pl.col("accepted").fill_null(False))
+    else:
+        frame = _reference_replay(read_jsonl(path, _REF_REPLAY))
+    # an empty target is no target: it must not match another empty one
+    return frame.with_columns(_empty_to_null(pl.col(name)).alias(name) for name in REPLAY_TARGETS)

@@ -222,6 +222,15 @@ def test_click_with_id_on_one_side_and_title_on_the_other_is_a_miss():
     assert non_scroll_accuracy(replay_frame(rows)) == 0.0
 
 
+def test_unscored_replay_rows_are_counted_not_scored(tmp_path):
+    real = frames(tmp_path, "r", [trace("r", steps("scroll_down", "end"))])
+    unscored = [{**row("click", None, accepted=False), "unscored_reason": "feed_layout_missing"}] * 2
+    figures = score(real, real, replay_frame([row("end", "end"), *unscored]))
+    # the one scored row is an accepted, correct end: RVA 1, F1 1, Acc 1; the two others only counted
+    assert (figures["RVA"], figures["F1"], figures["Acc"]) == (1.0, 1.0, 1.0)
+    assert figures["replay_unscored"] == {"feed_layout_missing": 2}
+
+
 def test_score_without_replay_leaves_replay_figures_empty(tmp_path):
     real = frames(tmp_path, "r", [trace("r", steps("scroll_down", "end"))])
     figures = score(real, real)

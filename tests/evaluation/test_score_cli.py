@@ -18,7 +18,7 @@ from tests.evaluation.tiny import (
 
 runner = CliRunner()
 HEADLINE = ["RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD"]
-SUPPLEMENTARY = ["action_JSD", "funnel", "RecVerse", "HCO", "cohorts"]
+SUPPLEMENTARY = ["action_JSD", "funnel", "RecVerse", "HCO", "cohorts", "replay_unscored"]
 
 
 def write_pair(tmp_path):

@@ -92,6 +92,15 @@ def test_replay_round_trip_and_reference_replay(tmp_path):
     assert load_replay(tmp_path / "ref.jsonl").equals(load_replay(tmp_path / "ours.jsonl"))
 
 
+def test_empty_review_aliases_are_no_aliases(tmp_path):
+    line = {"session_id": "s", "step_index": 0, "layer": "ipv", "gt_action": "ipv_click_comment",
+            "pred_action": "ipv_click_comment", "gt_target_alias": "", "pred_target_alias": ""}  # fmt: skip
+    write_reference(tmp_path / "ref.jsonl", [line])
+    row = load_replay(tmp_path / "ref.jsonl").row(0, named=True)
+    # two empty aliases must not count as the same review (the exact-accuracy rule needs both present)
+    assert (row["gt_review_alias"], row["pred_review_alias"]) == (None, None)
+
+
 def test_reference_replay_without_prediction(tmp_path):
     line = {
         "session_id": "s",
