@@ -31,24 +31,12 @@ from hostinfo import describe as machine
 
 from evaluation.metrics import score
 from evaluation.traces import load_replay, load_traces
-from transforms.schemas import ACTIONS
+from transforms.schemas import ACTIONS, FEED_ACTIONS, IPV_ACTIONS
 
 SESSIONS = 64_729
 USERS = 11_010
 CATEGORIES = [f"top{t}-mid{m}-leaf{leaf}" for t in range(12) for m in range(3) for leaf in range(3)]
-FEED_MOVES = ("scroll_down", "scroll_up", "click", "end")
-IPV_MOVES = (
-    "ipv_scroll_down",
-    "ipv_scroll_up",
-    "ipv_swipe_pic",
-    "ipv_click_param",
-    "ipv_enter_comment",
-    "ipv_click_comment",
-    "ipv_cart",
-    "ipv_buy",
-    "back_home",
-    "end",
-)
+FEED_MOVES, IPV_MOVES = FEED_ACTIONS, IPV_ACTIONS  # the probabilities below follow their order
 REAL_FEED = np.array([0.55, 0.08, 0.25, 0.12])
 REAL_IPV = np.array([0.25, 0.05, 0.15, 0.06, 0.05, 0.04, 0.05, 0.03, 0.28, 0.04])
 SIM_FEED = np.array([0.50, 0.10, 0.28, 0.12])

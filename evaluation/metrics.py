@@ -299,14 +299,25 @@ def trajectory_error(real_sessions: pl.DataFrame, sim_sessions: pl.DataFrame) ->
     return abs(float(real_mean) - float(sim_mean))
 
 
+def step_counts(steps: pl.DataFrame) -> dict[str, int]:
+    """Executed actions in all, on each screen, and of the funnel's kinds."""
+    return steps.select(
+        pl.len().alias("actions"),
+        (pl.col("screen") == "feed").sum().alias("feed_actions"),
+        (pl.col("screen") == "ipv").sum().alias("detail_page_actions"),
+        (pl.col("action") == "click").sum().alias("clicks"),
+        (pl.col("action") == "ipv_cart").sum().alias("carts"),
+        (pl.col("action") == "ipv_buy").sum().alias("buys"),
+    ).row(0, named=True)
+
+
 def outcome_rates(steps: pl.DataFrame) -> dict[str, float]:
     """Pooled CTR (clicks / feed steps) and ACR (carts / clicks) over executed steps."""
-    counts = steps.select(
-        (pl.col("screen") == "feed").sum().alias("feed"),
-        ((pl.col("screen") == "feed") & (pl.col("action") == "click")).sum().alias("clicks"),
-        (pl.col("action") == "ipv_cart").sum().alias("carts"),
-    ).row(0, named=True)
-    return {"CTR": rate(counts["clicks"], counts["feed"]), "ACR": rate(counts["carts"], counts["clicks"])}
+    counts = step_counts(steps)
+    return {
+        "CTR": rate(counts["clicks"], counts["feed_actions"]),
+        "ACR": rate(counts["carts"], counts["clicks"]),
+    }
 
 
 def terminal_jsd(real_sessions: pl.DataFrame, sim_sessions: pl.DataFrame) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from evaluation.metrics import Side, counts_over, jsd, rate
+from evaluation.metrics import Side, counts_over, jsd, rate, step_counts
 from transforms.schemas import ACTIONS
 
 CATEGORY_LEVELS = 3  # category paths are "L1-L2-L3"
@@ -36,12 +36,7 @@ def funnel(steps: pl.DataFrame, sessions: pl.DataFrame) -> dict[str, float]:
         pl.col("clicked", "viewed").fill_null(False)
     )
     total = sessions.height
-    counts = steps.select(
-        (pl.col("screen") == "feed").sum().alias("feed_actions"),
-        (pl.col("action") == "click").sum().alias("clicks"),
-        (pl.col("action") == "ipv_cart").sum().alias("carts"),
-        (pl.col("action") == "ipv_buy").sum().alias("buys"),
-    ).row(0, named=True)
+    counts = step_counts(steps)
     return {
         "sessions": total,
         "click_share": rate(float(flags["clicked"].sum()), total),
@@ -49,24 +44,17 @@ def funnel(steps: pl.DataFrame, sessions: pl.DataFrame) -> dict[str, float]:
         "cart_share": rate(float(flags["carted"].sum()), total),
         "buy_share": rate(float(flags["bought"].sum()), total),
         "visits": int(sessions["visits"].sum()),
-        **counts,
+        **{name: counts[name] for name in ("feed_actions", "clicks", "carts", "buys")},
     }
 
 
 def recverse_statistics(steps: pl.DataFrame, sessions: pl.DataFrame) -> dict[str, float]:
     """ATL (mean executed actions per session) and CTR, IPVR, ACR, CVR as percentages."""
-    counts = steps.select(
-        pl.len().alias("actions"),
-        (pl.col("screen") == "feed").sum().alias("feed"),
-        (pl.col("screen") == "ipv").sum().alias("ipv"),
-        (pl.col("action") == "click").sum().alias("clicks"),
-        (pl.col("action") == "ipv_cart").sum().alias("carts"),
-        (pl.col("action") == "ipv_buy").sum().alias("buys"),
-    ).row(0, named=True)
+    counts = step_counts(steps)
     return {
         "ATL": rate(counts["actions"], sessions.height),
-        "CTR": 100 * rate(counts["clicks"], counts["feed"]),
-        "IPVR": 100 * rate(counts["ipv"], counts["actions"]),
+        "CTR": 100 * rate(counts["clicks"], counts["feed_actions"]),
+        "IPVR": 100 * rate(counts["detail_page_actions"], counts["actions"]),
         "ACR": 100 * rate(counts["carts"], counts["clicks"]),
         "CVR": 100 * rate(counts["buys"], counts["clicks"]),
     }

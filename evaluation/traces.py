@@ -261,16 +261,12 @@ def _screen_of(action: pl.Expr) -> pl.Expr:
     return pl.when(action.is_in(ipv_only)).then(pl.lit("ipv")).otherwise(pl.lit("feed"))
 
 
+# a step as written: the frame's columns less the keys, with the price read as text (see price_from_text)
 _OUR_STEP = pl.Struct(
     {
-        "screen": pl.String,
-        "action": pl.String,
-        "target_item_id": pl.String,
-        "review_alias": pl.String,
-        "accepted": pl.Boolean,
-        "reject_reason": pl.String,
-        "item_category": pl.String,
-        "item_price": pl.String,
+        name: pl.String if name == "item_price" else dtype
+        for name, dtype in STEP_SCHEMA.items()
+        if name not in ("session_id", "step")
     }
 )
 _OUR_ROLLOUT = pl.Schema(

@@ -15,18 +15,9 @@ from evaluation.traces import (
     load_traces,
     write_jsonl,
 )
+from transforms.schemas import IPV_ACTIONS
 
-IPV_ONLY = {
-    "ipv_scroll_down",
-    "ipv_scroll_up",
-    "ipv_swipe_pic",
-    "ipv_click_param",
-    "ipv_enter_comment",
-    "ipv_click_comment",
-    "ipv_cart",
-    "ipv_buy",
-    "back_home",
-}
+IPV_ONLY = set(IPV_ACTIONS) - {"end"}
 
 
 def steps(
