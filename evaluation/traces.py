@@ -460,3 +460,134 @@ def load_replay(path: str | Path) -> pl.DataFrame:
         frame = _reference_replay(read_jsonl(path, _REF_REPLAY))
     # an empty target is no target: it must not match another empty one
     return frame.with_columns(_empty_to_null(pl.col(name)).alias(name) for name in REPLAY_TARGETS)
+
+
+# --- real traces from the lake ------------------------------------------------------------------
+
+RECENT_CLICKS = 20  # recent click categories kept in a profile, as the prompt's recent clicks
+
+
+def _prior_events(steps: pl.DataFrame, items: pl.DataFrame, history: pl.DataFrame | None) -> pl.DataFrame:
+    """Every click and purchase of every user with its time and category: the pre-window history and
+    the lake's own steps, sorted by user then time."""
+    category = items.select("item_id", "category")
+    logged = steps.filter(pl.col("action").is_in(["click", "ipv_buy"])).select(
+        "user_id",
+        "ts",
+        pl.when(pl.col("action") == "click").then(pl.lit("click")).otherwise(pl.lit("buy")).alias("kind"),
+        pl.coalesce("target_item_id", "ipv_item_id").alias("item_id"),
+    )
+    events = [logged.join(category, on="item_id", how="left").drop("item_id")]
+    if history is not None:
+        events.append(
+            history.filter(pl.col("kind").is_in(["click", "buy"])).select("user_id", "ts", "kind", "category")
+        )
+    return pl.concat(events, how="vertical_relaxed").sort("user_id", "ts")
+
+
+def _profiles(steps: pl.DataFrame, items: pl.DataFrame, history: pl.DataFrame | None) -> pl.DataFrame:
+    """Per session: clicks and purchases strictly before its first step, and the categories of the
+    RECENT_CLICKS latest of those clicks, newest first."""
+    events = _prior_events(steps, items, history).with_columns(
+        (pl.col("kind") == "click").cast(pl.Int64).cum_sum().over("user_id").alias("clicks_before"),
+        (pl.col("kind") == "buy").cast(pl.Int64).cum_sum().over("user_id").alias("buys_before"),
+    )
+    click_categories = (
+        events.filter(pl.col("kind") == "click")
+        .group_by("user_id")
+        .agg(pl.col("category").alias("all_clicks"))
+    )
+    starts = steps.group_by("session_id").agg(pl.col("user_id").first(), pl.col("ts").min().alias("start"))
+    counted = starts.sort("start").join_asof(
+        events.select("user_id", "ts", "clicks_before", "buys_before").sort("ts"),
+        left_on="start",
+        right_on="ts",
+        by="user_id",
+        strategy="backward",
+        allow_exact_matches=False,
+        check_sortedness=False,  # both sides are sorted by time; users are the by-groups
+    )
+    prior_clicks = pl.col("clicks_before").fill_null(0)
+    window_start = pl.max_horizontal(prior_clicks - RECENT_CLICKS, pl.lit(0))
+    recent = (
+        pl.col("all_clicks")
+        .list.slice(window_start, prior_clicks - window_start)
+        .list.reverse()
+        .list.drop_nulls()
+        .fill_null([])
+    )
+    return counted.join(click_categories, on="user_id", how="left").select(
+        "session_id",
+        "user_id",
+        "start",
+        pl.struct(
+            prior_clicks.alias("prior_clicks"),
+            pl.col("buys_before").fill_null(0).alias("prior_buys"),
+            recent.alias("recent_click_categories"),
+        ).alias("profile"),
+    )
+
+
+def real_trace_frame(
+    steps: pl.DataFrame,
+    items: pl.DataFrame,
+    history: pl.DataFrame | None = None,
+    sessions: pl.DataFrame | None = None,
+) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The lake's sessions as real traces (one row per session, the :class:`Trace` shape, by start time),
+    and how many sessions were left out because ingest cut them, by cut reason.
+
+    ``steps`` needs session_id, user_id, step, ts, screen, action, target_item_id, review_alias and
+    ipv_item_id; ``sessions`` (optional) its ``cut_reason`` where ingest cut a session after a bad event.
+    A cut session is no reference for a whole rollout, so it is left out and counted.
+    """
+    left_out: dict[str, int] = {}
+    if sessions is not None and "cut_reason" in sessions.columns:
+        cut = sessions.filter(pl.col("cut_reason").is_not_null())
+        left_out = dict(cut.group_by("cut_reason").len().sort("cut_reason").iter_rows())
+        steps = steps.join(cut.select("session_id"), on="session_id", how="anti")
+    item_facts = items.select(
+        "item_id", pl.col("category").alias("item_category"), pl.col("price").alias("item_price")
+    )
+    step_rows = (
+        steps.sort("session_id", "step")
+        .with_columns(
+            pl.when(pl.col("action") == "click")
+            .then(pl.col("target_item_id"))
+            .when(pl.col("screen") == "ipv")
+            .then(pl.col("ipv_item_id"))
+            .alias("item_id")
+        )
+        .join(item_facts, on="item_id", how="left", maintain_order="left")
+        .group_by("session_id", maintain_order=True)
+        .agg(
+            pl.struct(
+                "screen",
+                "action",
+                pl.col("item_id").alias("target_item_id"),
+                "review_alias",
+                pl.lit(True).alias("accepted"),
+                pl.lit(None, pl.String).alias("reject_reason"),
+                "item_category",
+                "item_price",
+                pl.lit(None, pl.String).alias("raw_output"),
+            ).alias("steps"),
+            pl.col("action").last().alias("last_action"),
+        )
+    )
+    traces = (
+        _profiles(steps, items, history)
+        .join(step_rows, on="session_id")
+        .sort("start", "session_id")
+        .select(
+            "session_id",
+            "user_id",
+            pl.lit("real").alias("source"),
+            pl.lit(True).alias("terminated"),  # real sessions are never truncated
+            pl.lit(False).alias("truncated"),
+            pl.when(pl.col("last_action") == "end").then(pl.lit("end")).alias("termination_reason"),
+            "profile",
+            "steps",
+        )
+    )
+    return traces, left_out

@@ -9,8 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
+
 from evaluation.metrics import rounded, score
-from evaluation.traces import load_replay, load_traces
+from evaluation.traces import load_replay, load_traces, real_trace_frame
+from transforms.lake import read_table, table_files
+
+STEP_COLUMNS = ["session_id", "user_id", "step", "ts", "screen", "action", "target_item_id", "review_alias",
+                "ipv_item_id", "split"]  # fmt: skip
 
 
 def score_files(real: str | Path, sim: str | Path, replay: str | Path | None = None) -> dict[str, object]:
@@ -24,3 +30,21 @@ def score_command(real: str | Path, sim: str | Path, replay: str | Path | None =
     figures = score_files(real, sim, replay)
     print(json.dumps(figures, indent=2))
     return figures
+
+
+def export_real_traces(
+    lake: str | Path, out: str | Path, splits: list[str] | None = None
+) -> dict[str, object]:
+    """Write the lake's sessions (of ``splits``, default all) as real traces to ``out``; returns the
+    sessions written and the cut sessions left out, by reason."""
+    steps = read_table(lake, "steps", STEP_COLUMNS)
+    if splits:
+        steps = steps.filter(pl.col("split").is_in(splits))
+    history = read_table(lake, "history") if table_files(lake, "history") else None
+    sessions = read_table(lake, "sessions") if table_files(lake, "sessions") else None
+    if splits and sessions is not None:
+        sessions = sessions.filter(pl.col("split").is_in(splits))
+    traces, left_out = real_trace_frame(steps, read_table(lake, "items"), history, sessions)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    traces.write_ndjson(out)
+    return {"sessions": traces.height, "cut_sessions_left_out": left_out}
