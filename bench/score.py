@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hostinfo import describe as machine
 
-from evaluation.metrics import score
+from evaluation.scorecard import score
 from evaluation.traces import load_replay, load_traces
 from transforms.schemas import ACTIONS, FEED_ACTIONS, IPV_ACTIONS
 

@@ -1,4 +1,6 @@
-"""The UserArena metrics L0-L4 (PROTOCOL.md §4) over trace frames, and the ``score`` figure set.
+"""The UserArena metrics L0, L1, L2 and L4 (PROTOCOL.md §4) over trace frames, and the shared rules
+(JSD, quantile bins, detail-page visits) that L3 (:mod:`evaluation.cohorts`) and the supplementary
+figures use too.
 
 Everything is a Polars expression over all steps at once; Python only loops over the handful of labels
 of a fixed support. Frames come from :mod:`evaluation.traces` (either trace format).
@@ -29,7 +31,6 @@ INFORMATION_ACTIONS: tuple[str, ...] = (
     "ipv_click_comment",
 )
 TERMINAL_OUTCOMES: tuple[str, ...] = ("purchase", "truncated", "cart_only", "browse_only")
-HEADLINE_KEYS: tuple[str, ...] = ("RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD")
 
 
 # --- shared rules -------------------------------------------------------------------------------
@@ -169,7 +170,7 @@ def session_table(sessions: pl.DataFrame, steps_with_visits: pl.DataFrame) -> pl
     flags, and terminal outcome (purchase > truncated > cart_only > browse_only)."""
     per_session = steps_with_visits.group_by("session_id").agg(
         pl.len().alias("length"),
-        pl.col("visit").n_unique().sub(pl.col("visit").null_count().gt(0).cast(pl.UInt32)).alias("visits"),
+        pl.col("visit").drop_nulls().n_unique().alias("visits"),
         (pl.col("action") == "back_home").sum().alias("returns"),
         (pl.col("action") == "ipv_cart").any().alias("carted"),
         (pl.col("action") == "ipv_buy").any().alias("bought"),
@@ -326,51 +327,3 @@ def terminal_jsd(real_sessions: pl.DataFrame, sim_sessions: pl.DataFrame) -> flo
         counts_over(real_sessions["outcome"], TERMINAL_OUTCOMES),
         counts_over(sim_sessions["outcome"], TERMINAL_OUTCOMES),
     )
-
-
-# --- the figure set -----------------------------------------------------------------------------
-
-
-def score(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = None) -> dict[str, object]:
-    """The headline figures (HEADLINE_KEYS; the replay ones are None without a replay trace) and the
-    supplementary ones, unrounded."""
-    from evaluation.cohorts import population_fidelity
-    from evaluation.supplementary import supplementary_figures
-
-    real_side, sim_side = Side.of(real), Side.of(sim)
-    scored = replay.filter(pl.col("unscored_reason").is_null()) if replay is not None else None
-    real_rates, sim_rates = outcome_rates(real_side.steps), outcome_rates(sim_side.steps)
-    fidelity = population_fidelity(real_side, sim_side)
-    figures: dict[str, object] = {
-        "RVA": output_validity(scored) if scored is not None else None,
-        "OVA": output_validity(sim.steps),
-        "F1": macro_f1(scored) if scored is not None else None,
-        "Acc": non_scroll_accuracy(scored) if scored is not None else None,
-        "DM-JSD": decision_mix_jsd(real_side.visits, sim_side.visits),
-        "TE": trajectory_error(real_side.sessions, sim_side.sessions),
-        "PF": fidelity["PF"],
-        "dCTR": abs(sim_rates["CTR"] - real_rates["CTR"]),
-        "dACR": abs(sim_rates["ACR"] - real_rates["ACR"]),
-        "T-JSD": terminal_jsd(real_side.sessions, sim_side.sessions),
-    }
-    figures.update(supplementary_figures(real_side, sim_side))
-    figures["cohorts"] = fidelity["schemes"]
-    figures["replay_unscored"] = unscored_counts(replay) if replay is not None else {}
-    return figures
-
-
-def unscored_counts(replay: pl.DataFrame) -> dict[str, int]:
-    """Replay rows left unscored (their recorded state could not be rebuilt), by reason."""
-    counted = replay.filter(pl.col("unscored_reason").is_not_null()).group_by("unscored_reason").len()
-    return dict(sorted(zip(counted["unscored_reason"].to_list(), counted["len"].to_list(), strict=True)))
-
-
-def rounded(value: object, digits: int = 4) -> object:
-    """Figures for printing: floats to ``digits`` decimals, recursively through dicts and lists."""
-    if isinstance(value, float):
-        return round(value, digits)
-    if isinstance(value, dict):
-        return {key: rounded(item, 2 if key in ("TE", "ATL") else digits) for key, item in value.items()}
-    if isinstance(value, list):
-        return [rounded(item, digits) for item in value]
-    return value

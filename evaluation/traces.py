@@ -22,7 +22,7 @@ import duckdb
 import polars as pl
 from pydantic import BaseModel, Field
 
-from transforms.schemas import ACTIONS, IPV_ACTIONS
+from transforms.schemas import ACTIONS, IPV_ACTIONS, SCREENS
 
 Screen = Literal["feed", "ipv"]
 TraceFormat = Literal["ours", "reference"]
@@ -398,8 +398,23 @@ def load_traces(path: str | Path) -> TraceFrames:
     if first is None:
         return TraceFrames(pl.DataFrame(schema=SESSION_SCHEMA), pl.DataFrame(schema=STEP_SCHEMA))
     if detect_rollout_format(first) == "ours":
-        return _our_rollout(read_jsonl(path, _OUR_ROLLOUT))
-    return _reference_rollout(read_jsonl(path, _REF_ROLLOUT))
+        frames = _our_rollout(read_jsonl(path, _OUR_ROLLOUT))
+    else:
+        frames = _reference_rollout(read_jsonl(path, _REF_ROLLOUT))
+    _refuse(path, frames.sessions, ~pl.col("session_id").is_unique() | pl.col("session_id").is_null(),
+            "sessions without a session_id, or sharing one")  # fmt: skip
+    _refuse(path, frames.steps, pl.col("accepted") & ~pl.col("screen").is_in(SCREENS),
+            "accepted steps on no known screen (feed or ipv)")  # fmt: skip
+    _refuse(path, frames.steps, pl.col("accepted") & ~pl.col("action").is_in(ACTIONS),
+            "accepted steps with an action outside the 13")  # fmt: skip
+    return frames
+
+
+def _refuse(path: Path, frame: pl.DataFrame, bad: pl.Expr, what: str) -> None:
+    """Stop on rows that no metric could place, naming how many and the first one's session."""
+    rows = frame.filter(bad.fill_null(True))
+    if rows.height:
+        raise TraceFormatError(f"{path}: {rows.height} {what} (first in session {rows['session_id'][0]!r})")
 
 
 _REF_REPLAY = pl.Schema(
@@ -458,6 +473,13 @@ def load_replay(path: str | Path) -> pl.DataFrame:
         frame = read_jsonl(path, REPLAY_SCHEMA).with_columns(pl.col("accepted").fill_null(False))
     else:
         frame = _reference_replay(read_jsonl(path, _REF_REPLAY))
+    _refuse(
+        path,
+        frame,
+        ~pl.col("gt_action").is_in(ACTIONS),
+        "replay rows whose recorded action is not one of the 13",
+    )
+    _refuse(path, frame, ~pl.col("screen").is_in(SCREENS), "replay rows on no known screen (feed or ipv)")
     # an empty target is no target: it must not match another empty one
     return frame.with_columns(_empty_to_null(pl.col(name)).alias(name) for name in REPLAY_TARGETS)
 

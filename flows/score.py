@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from evaluation.metrics import rounded, score
+from evaluation.scorecard import rounded, score
 from evaluation.traces import load_replay, load_traces, real_trace_frame
 from transforms.lake import read_table, table_files
 

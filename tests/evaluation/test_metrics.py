@@ -17,10 +17,10 @@ from evaluation.metrics import (
     outcome_rates,
     output_validity,
     quantile_edges,
-    score,
     terminal_jsd,
     trajectory_error,
 )
+from evaluation.scorecard import score
 from evaluation.traces import REPLAY_SCHEMA
 from tests.evaluation.tiny import frames, steps, trace
 

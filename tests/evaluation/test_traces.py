@@ -8,7 +8,7 @@ import json
 import polars as pl
 import pytest
 
-from evaluation.metrics import score
+from evaluation.scorecard import score
 from evaluation.traces import (
     TraceFormatError,
     load_replay,
@@ -120,6 +120,21 @@ def test_a_file_of_neither_format_is_refused(tmp_path):
         load_traces(tmp_path / "x.jsonl")
     with pytest.raises(TraceFormatError, match="no gt_action"):
         load_replay(tmp_path / "x.jsonl")
+
+
+def test_steps_no_metric_could_place_are_refused(tmp_path):
+    record = population()[0]
+    record.steps[1].screen = "cart_page"
+    write_jsonl(tmp_path / "bad.jsonl", [record])
+    with pytest.raises(TraceFormatError, match=r"1 accepted steps on no known screen .* session 's0'"):
+        load_traces(tmp_path / "bad.jsonl")
+    write_jsonl(tmp_path / "twice.jsonl", [population()[0], population()[0]])
+    with pytest.raises(TraceFormatError, match="2 sessions without a session_id, or sharing one"):
+        load_traces(tmp_path / "twice.jsonl")
+    line = {"session_id": "s", "step_index": 0, "screen": "feed", "gt_action": "teleport", "accepted": True}
+    write_reference(tmp_path / "replay.jsonl", [line])
+    with pytest.raises(TraceFormatError, match="1 replay rows whose recorded action is not one of the 13"):
+        load_replay(tmp_path / "replay.jsonl")
 
 
 def test_empty_file_reads_as_no_sessions(tmp_path):
