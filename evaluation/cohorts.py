@@ -25,16 +25,6 @@ SCHEMES: dict[str, tuple[str, ...]] = {
     "purchase_propensity": ("non_buyer", "occasional", "frequent"),
     "category_breadth": ("narrow", "medium", "wide"),
 }
-BLOCKS: tuple[str, ...] = (
-    "session_length",
-    "action",
-    "information_depth",
-    "visit_share",
-    "return_proportion",
-    "conversion",
-    "category",
-    "price",
-)
 MIN_COHORT_SESSIONS = 30
 BREADTH_WINDOW = 20  # the most recent clicks whose top categories count towards breadth
 TOP_CATEGORIES = 10

@@ -80,15 +80,21 @@ def clicks(session_id: str, *categories: str) -> list:
 
 def test_hierarchical_category_overlap(tmp_path):
     real = side(
-        tmp_path, "r", [trace("s1", clicks("r", "A-x-y", "B-z-w")), trace("only-real", clicks("q", "C-a-b"))]
+        tmp_path,
+        "r",
+        [
+            trace("s1", clicks("r", "A-x-y", "B-z-w")),
+            trace("only-real", clicks("q", "C-a-b")),
+            trace("s2", clicks("p", "D-d-d")),
+        ],
     )
-    sim = side(tmp_path, "s", [trace("s1", clicks("s", "A-x-q"))])
-    # sim A-x-q: best over real {A-x-y: 2 of 3 levels, B-z-w: 0} -> CP = 2/3
-    # real A-x-y -> 2/3, B-z-w -> 0: CR = 1/3; 'only-real' is not on both sides and is left out
-    # HCO = 2 * (2/3) * (1/3) / (2/3 + 1/3) = 4/9
-    assert hierarchical_category_overlap(real.steps, sim.steps) == pytest.approx(
-        {"HCO": 400 / 9, "CP": 200 / 3, "CR": 100 / 3}
-    )
+    sim = side(tmp_path, "s", [trace("s1", clicks("s", "A-x-q")), trace("s2", steps("!click", "end"))])
+    # sim s1 A-x-q: best over real {A-x-y: 2 of 3 levels, B-z-w: 0} -> 2/3; s2 clicked nothing -> CP = 2/3
+    # real s1 A-x-y -> 2/3, B-z-w -> 0; s2 D-d-d has no simulated click to match -> 0: CR = (2/3) / 3
+    # 'only-real' is not on both sides and is left out
+    # HCO = 2 * (2/3) * (2/9) / (2/3 + 2/9) = (8/27) / (8/9) = 1/3
+    expected = {"HCO": 100 / 3, "CP": 200 / 3, "CR": 200 / 9}
+    assert hierarchical_category_overlap(real, sim) == pytest.approx(expected)
 
 
 def test_decision_alignment(tmp_path):
