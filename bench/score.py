@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,7 @@ def write_files(folder: Path, sessions: int, seed: int) -> dict[str, int]:
 
 
 def timed_score(folder: Path) -> dict[str, float]:
+    load = os.getloadavg()[0]  # the machine is shared: how busy it was when this run began
     started = time.perf_counter()
     real, sim = load_traces(folder / "real.jsonl"), load_traces(folder / "sim.jsonl")
     replay = load_replay(folder / "replay.jsonl")
@@ -155,6 +157,7 @@ def timed_score(folder: Path) -> dict[str, float]:
         "read_s": loaded - started,
         "score_s": done - loaded,
         "total_s": done - started,
+        "load": load,
         "PF": figures["PF"],
     }
 
@@ -163,7 +166,7 @@ def append_result(counts: dict[str, int], runs: list[dict[str, float]], command:
     totals = sorted(run["total_s"] for run in runs)
     median = totals[len(totals) // 2]
     rows = "\n".join(
-        f"| {i + 1} | {run['read_s']:.2f} | {run['score_s']:.2f} | {run['total_s']:.2f} |"
+        f"| {i + 1} | {run['read_s']:.2f} | {run['score_s']:.2f} | {run['total_s']:.2f} | {run['load']:.1f} |"
         for i, run in enumerate(runs)
     )
     lines = [
@@ -174,8 +177,8 @@ def append_result(counts: dict[str, int], runs: list[dict[str, float]], command:
         f"Traces: {counts['real_steps']:,} real steps, {counts['sim_steps']:,} simulated steps "
         f"(5 % rejected), {counts['replay_steps']:,} replay rows; writing them is not timed",
         "",
-        "| run | read s | score s | total s |",
-        "|---|---|---|---|",
+        "| run | read s | score s | total s | load average at start |",
+        "|---|---|---|---|---|",
         rows,
         "",
         f"Median total = {median:.2f} s (target <= 30 s): reading the three JSONL files and computing every "
