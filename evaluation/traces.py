@@ -28,7 +28,7 @@ Screen = Literal["feed", "ipv"]
 TraceFormat = Literal["ours", "reference"]
 
 REJECT_REASONS: tuple[str, ...] = ("parse_failure", "unknown_action", "illegal_in_state", "target_unresolved")
-TERMINATION_REASONS: tuple[str, ...] = ("end", "budget", "invalid_retry_exhausted", "error")
+TerminationReason = Literal["end", "budget", "invalid_retry_exhausted", "error"]
 
 
 class TraceProfile(BaseModel):
@@ -63,7 +63,7 @@ class Trace(BaseModel):
     source: str = Field(description="'real' or the simulator spec")
     terminated: bool
     truncated: bool
-    termination_reason: str | None = Field(None, description="one of TERMINATION_REASONS")
+    termination_reason: TerminationReason | None = Field(None, description="None: a real session without end")
     profile: TraceProfile = Field(default_factory=TraceProfile)
     steps: list[TraceStep] = Field(default_factory=list)
 
