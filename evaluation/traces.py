@@ -336,9 +336,22 @@ def _our_rollout(raw: pl.DataFrame) -> TraceFrames:
 
 
 def _reference_reject_reason(action: pl.Expr, executed: pl.Expr) -> pl.Expr:
-    """The reference's own reason when it gave one, else the first failed check in PROTOCOL §2 order."""
+    """Our reason code for a step the reference did not execute: the first failed check flag in
+    PROTOCOL §2 order, else its reason text read as a code (it writes prose such as "action is not
+    available on Feed" or "cannot resolve click target"), else ``not_executed``."""
     passed = lambda name: pl.col(name).fill_null(True)  # noqa: E731 - a missing check flag means it passed
-    derived = (
+    text = _empty_to_null(pl.col("reject_reason"))
+    lowered = text.str.to_lowercase()
+    from_text = (
+        pl.when(text.is_in(REJECT_REASONS))
+        .then(text)
+        .when(lowered.str.contains("not available"))
+        .then(pl.lit("illegal_in_state"))
+        .when(lowered.str.contains("cannot resolve"))
+        .then(pl.lit("target_unresolved"))
+        .otherwise(text)
+    )
+    return (
         pl.when(~passed("parse_ok"))
         .then(pl.lit("parse_failure"))
         .when(~action.is_in(ACTIONS) | action.is_null())
@@ -347,10 +360,18 @@ def _reference_reject_reason(action: pl.Expr, executed: pl.Expr) -> pl.Expr:
         .then(pl.lit("illegal_in_state"))
         .when(~passed("target_resolved"))
         .then(pl.lit("target_unresolved"))
+        .when(text.is_not_null())
+        .then(from_text)
         .when(~executed.fill_null(True))
         .then(pl.lit("not_executed"))
     )
-    return pl.coalesce(_empty_to_null(pl.col("reject_reason")), derived)
+
+
+# the reference's termination reasons where they name the same thing by another word
+REFERENCE_TERMINATION = {
+    "invalid_action_retry_exhausted": "invalid_retry_exhausted",
+    "evaluation_error": "error",
+}
 
 
 def _reference_rollout(raw: pl.DataFrame) -> TraceFrames:
@@ -364,7 +385,9 @@ def _reference_rollout(raw: pl.DataFrame) -> TraceFrames:
         ).alias("user_id"),
         pl.col("terminated").fill_null(False),
         pl.col("truncated").fill_null(False),
-        _empty_to_null(pl.col("termination_reason")).alias("termination_reason"),
+        _empty_to_null(pl.col("termination_reason"))
+        .replace(REFERENCE_TERMINATION)
+        .alias("termination_reason"),
         profile.struct.field("click_history").fill_null(0).alias("prior_clicks"),
         profile.struct.field("buy_history").fill_null(0).alias("prior_buys"),
         profile.struct.field("history_categories").fill_null([]).alias("recent_click_categories"),

@@ -62,11 +62,25 @@ def test_reference_step_checks_map_to_reasons_in_protocol_order(tmp_path):
         "profile": {},
         "terminated": False,
         "truncated": True,
+        "termination_reason": "invalid_action_retry_exhausted",
         "steps": [
             {"layer": "feed", "action": "click", "parse_ok": False, "legal": False, "executed": False},
             {"layer": "feed", "action": "fly", "executed": False},
             {"layer": "feed", "action": "click", "target_resolved": False, "executed": False},
             {"layer": "feed", "action": "click", "executed": False, "reject_reason": "target_unresolved"},
+            {
+                "layer": "feed",
+                "action": "scroll_up",
+                "executed": False,
+                "reject_reason": "action is not available on Feed",
+            },
+            {
+                "layer": "feed",
+                "action": "click",
+                "executed": False,
+                "reject_reason": "cannot resolve click target",
+            },
+            {"layer": "feed", "action": "click", "executed": False},
             {"action": "ipv_cart", "item_price": 129},  # no layer: an ipv action is on the detail page
         ],
     }
@@ -77,11 +91,16 @@ def test_reference_step_checks_map_to_reasons_in_protocol_order(tmp_path):
         "unknown_action",
         "target_unresolved",
         "target_unresolved",
+        "illegal_in_state",  # the reference's prose, read as our code
+        "target_unresolved",
+        "not_executed",  # not executed, and neither a failed check nor a reason says why
         None,
     ]
     assert frames.steps["screen"].to_list()[-1] == "ipv"
     assert frames.steps["item_price"].to_list()[-1] == 129.0
-    assert frames.sessions.row(0, named=True)["prior_clicks"] == 0  # missing profile counts -> 0
+    session = frames.sessions.row(0, named=True)
+    assert session["prior_clicks"] == 0  # missing profile counts -> 0
+    assert session["termination_reason"] == "invalid_retry_exhausted"  # the reference's word for it, in ours
 
 
 def test_replay_round_trip_and_reference_replay(tmp_path):
