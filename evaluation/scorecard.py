@@ -44,6 +44,14 @@ def score(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = Non
     figures.update(supplementary_figures(real_side, sim_side))
     figures["cohorts"] = fidelity["schemes"]
     figures["replay_unscored"] = unscored_counts(replay) if replay is not None else {}
+    figures["counts"] = {
+        "real_sessions": real.sessions.height,
+        "real_actions": real_side.steps.height,
+        "sim_sessions": sim.sessions.height,
+        "sim_outputs": sim.steps.height,
+        "sim_actions": sim_side.steps.height,
+        "replay_rows": replay.height if replay is not None else 0,
+    }
     return figures
 
 

@@ -18,7 +18,7 @@ from tests.evaluation.tiny import (
 
 runner = CliRunner()
 HEADLINE = ["RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD"]  # the key list
-SUPPLEMENTARY = ["action_JSD", "funnel", "RecVerse", "HCO", "cohorts", "replay_unscored"]
+SUPPLEMENTARY = ["action_JSD", "funnel", "RecVerse", "HCO", "cohorts", "replay_unscored", "counts"]
 
 
 def write_pair(tmp_path):
@@ -39,6 +39,16 @@ def test_score_prints_exactly_the_figure_keys(tmp_path):
     # replay of five rows: three accepted -> RVA 3/5; rounded to 4 decimals
     assert figures["RVA"] == 0.6
     assert figures["OVA"] == round(42 / 44, 4)
+    # population(): real sessions 1, 3, ..., 11 output 6 + 7 + 5 (5 lost its end) + 6 + 7 + 6 = 37 steps, of
+    # which 3 and 9 each reject a buy -> 35 actions; simulated: 44 outputs, 42 actions (see test_traces)
+    assert figures["counts"] == {
+        "real_sessions": 6,
+        "real_actions": 35,
+        "sim_sessions": 6,
+        "sim_outputs": 44,
+        "sim_actions": 42,
+        "replay_rows": 5,
+    }
 
 
 def test_score_without_replay_prints_null_replay_figures(tmp_path):
