@@ -236,3 +236,32 @@ def test_score_without_replay_leaves_replay_figures_empty(tmp_path):
     figures = score(real, real)
     assert (figures["RVA"], figures["F1"], figures["Acc"]) == (None, None, None)
     assert (figures["OVA"], figures["TE"], figures["DM-JSD"], figures["T-JSD"]) == (1.0, 0.0, 0.0, 0.0)
+
+
+def test_a_population_scored_against_itself_is_at_the_ceiling(tmp_path):
+    walks = [
+        ("scroll_down", "click", "ipv_swipe_pic", "ipv_cart", "back_home", "end"),
+        ("click", "ipv_click_param", "ipv_buy", "end@ipv"),
+        ("scroll_down", "scroll_down", "end"),
+        ("click", "ipv_enter_comment", "ipv_click_comment", "back_home", "click", "back_home", "end"),
+    ]
+    categories = ["A-x-y", "B-z-w", "C-q-r", "D-d-d"]
+    traces = [
+        trace(
+            f"s{n}",
+            steps(*walks[n % 4], item=f"i{n % 9}", category=categories[n % 3], price=float(5 + n % 7)),
+            user_id=f"u{n}",
+            prior_clicks=n % 11,
+            prior_buys=n % 5 if n % 3 else 0,
+            categories=categories[: n % 4],
+        )
+        for n in range(120)
+    ]
+    real = frames(tmp_path, "r", traces)
+    figures = score(real, real)
+    # the same sessions on both sides: every distance 0, every cohort's fidelity 1, every overlap complete
+    assert [figures[k] for k in ("DM-JSD", "TE", "dCTR", "dACR", "T-JSD", "action_JSD")] == [0.0] * 6
+    assert figures["PF"] == 1.0
+    assert all(entry["counted_cohorts"] >= 2 for entry in figures["cohorts"].values())
+    assert figures["HCO"] == {"HCO": 100.0, "CP": 100.0, "CR": 100.0}
+    assert figures["RecVerse"]["real"] == figures["RecVerse"]["sim"]
