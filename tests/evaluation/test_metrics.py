@@ -20,7 +20,7 @@ from evaluation.metrics import (
     terminal_jsd,
     trajectory_error,
 )
-from evaluation.scorecard import score
+from evaluation.scorecard import rounded, score
 from evaluation.traces import REPLAY_SCHEMA
 from tests.evaluation.tiny import frames, steps, trace
 
@@ -265,3 +265,13 @@ def test_a_population_scored_against_itself_is_at_the_ceiling(tmp_path):
     assert all(entry["counted_cohorts"] >= 2 for entry in figures["cohorts"].values())
     assert figures["HCO"] == {"HCO": 100.0, "CP": 100.0, "CR": 100.0}
     assert figures["RecVerse"]["real"] == figures["RecVerse"]["sim"]
+
+
+def test_printed_figures_have_four_decimals_and_te_and_atl_two():
+    figures = {"TE": 1.23456, "PF": 0.123456, "RecVerse": {"real": {"ATL": 8.9251, "CTR": 12.345678}}, "n": 3}
+    assert rounded(figures) == {
+        "TE": 1.23,
+        "PF": 0.1235,
+        "RecVerse": {"real": {"ATL": 8.93, "CTR": 12.3457}},
+        "n": 3,
+    }
