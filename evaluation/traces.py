@@ -42,7 +42,11 @@ class TraceProfile(BaseModel):
 
 
 class TraceStep(BaseModel):
-    """One simulator output (or one real action) and what the environment made of it."""
+    """One simulator output (or one real action) and what the environment made of it.
+
+    Built from any object with these attributes too (``TraceStep.model_validate(attempt,
+    from_attributes=True)``), so an environment's own attempt records need no copying by hand.
+    """
 
     screen: Screen
     action: str | None = Field(None, description="the action type as output (may be unknown when rejected)")

@@ -4,6 +4,7 @@ same frames (and so the same figures) as ours."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import polars as pl
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from evaluation.scorecard import score
 from evaluation.traces import (
     TraceFormatError,
+    TraceStep,
     load_replay,
     load_traces,
     read_replay,
@@ -24,6 +26,27 @@ def test_our_trace_round_trips(tmp_path):
     records = population()
     write_jsonl(tmp_path / "t.jsonl", records)
     assert read_traces(tmp_path / "t.jsonl") == records
+
+
+def test_a_step_is_built_from_an_attempt_object():
+    @dataclass
+    class Attempt:  # an environment's record: the trace's fields among others of its own
+        index: int
+        screen: str
+        action: str
+        target_item_id: str
+        review_alias: None
+        accepted: bool
+        reject_reason: None
+        item_category: str
+        item_price: float
+        raw_output: str
+        distance: None
+
+    attempt = Attempt(3, "feed", "click", "i7", None, True, None, "A-x-y", 12.5, '{"action": ...}', None)
+    step = TraceStep.model_validate(attempt, from_attributes=True)
+    assert step == TraceStep(screen="feed", action="click", target_item_id="i7", accepted=True,
+                             item_category="A-x-y", item_price=12.5, raw_output='{"action": ...}')  # fmt: skip
 
 
 def test_reference_rollout_reads_into_the_same_frames(tmp_path):
