@@ -7,6 +7,7 @@ run would add its start-up and its log lines to a command whose stdout is meant 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -19,15 +20,29 @@ STEP_COLUMNS = ["session_id", "user_id", "step", "ts", "screen", "action", "targ
                 "ipv_item_id", "split"]  # fmt: skip
 
 
-def score_files(real: str | Path, sim: str | Path, replay: str | Path | None = None) -> dict[str, object]:
-    """Every figure of ``sim`` against ``real`` (either trace format), rounded for reporting."""
+def score_files(
+    real: str | Path, sim: str | Path, replay: str | Path | None = None, split: str = "test"
+) -> dict[str, object]:
+    """Every figure of ``sim`` against ``real`` (either trace format), rounded for reporting.
+
+    ``real`` may also be a lake folder: its sessions of ``split`` are exported as real traces first, and
+    the cut sessions left out are counted beside the figures.
+    """
     replay_frame = load_replay(replay) if replay is not None else None
-    return rounded(score(load_traces(real), load_traces(sim), replay_frame))
+    if not Path(real).is_dir():
+        return rounded(score(load_traces(real), load_traces(sim), replay_frame))
+    with tempfile.TemporaryDirectory() as folder:
+        exported = export_real_traces(real, Path(folder) / "real.jsonl", [split])
+        figures = score(load_traces(Path(folder) / "real.jsonl"), load_traces(sim), replay_frame)
+    figures["counts"]["real_cut_sessions_left_out"] = exported["cut_sessions_left_out"]
+    return rounded(figures)
 
 
-def score_command(real: str | Path, sim: str | Path, replay: str | Path | None = None) -> dict[str, object]:
+def score_command(
+    real: str | Path, sim: str | Path, replay: str | Path | None = None, split: str = "test"
+) -> dict[str, object]:
     """CLI entry: print the figures as one JSON object on stdout."""
-    figures = score_files(real, sim, replay)
+    figures = score_files(real, sim, replay, split)
     print(json.dumps(figures, indent=2))
     return figures
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from evaluation.traces import write_jsonl
 from flows.cli import app
+from flows.score import export_real_traces
 from tests.evaluation.tiny import (
     as_reference,
     as_reference_replay,
@@ -15,6 +16,7 @@ from tests.evaluation.tiny import (
     population,
     write_reference,
 )
+from tests.extractors.tinylake import write_tiny_lake
 
 runner = CliRunner()
 HEADLINE = ["RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD"]  # the key list
@@ -86,3 +88,16 @@ def test_a_file_of_neither_format_stops_cleanly(tmp_path):
     )
     assert result.exit_code == 1
     assert "stopped" in result.output and "neither user_id" in result.output
+
+
+def test_a_lake_as_the_real_side(tmp_path):
+    lake = write_tiny_lake(tmp_path / "lake").path
+    export_real_traces(lake, tmp_path / "train.jsonl", splits=["train"])
+    args = ["score", "--real", str(lake), "--split", "train", "--sim", str(tmp_path / "train.jsonl")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
+    # the lake's train sessions against themselves: no distance, and nothing cut in this lake
+    assert [figures[k] for k in ("DM-JSD", "TE", "dCTR", "dACR", "T-JSD")] == [0.0] * 5
+    assert figures["counts"]["real_sessions"] == 3
+    assert figures["counts"]["real_cut_sessions_left_out"] == {}
