@@ -15,9 +15,19 @@ import polars as pl
 from evaluation.scorecard import rounded, score
 from evaluation.traces import load_replay, load_traces, real_trace_frame
 from transforms.lake import read_table, table_files
+from transforms.schemas import LAKE_TABLES
 
 STEP_COLUMNS = ["session_id", "user_id", "step", "ts", "screen", "action", "target_item_id", "review_alias",
                 "ipv_item_id", "split"]  # fmt: skip
+HISTORY_COLUMNS = ["user_id", "ts", "kind", "category"]
+SESSION_COLUMNS = ["session_id", "split", "cut_reason"]  # cut_reason: ingest cut the session at a bad event
+
+
+def present_columns(lake: str | Path, table: str, wanted: list[str]) -> list[str]:
+    """Those of ``wanted`` that the table declares and its files hold (a lake written before a column
+    existed still reads)."""
+    on_disk = pl.read_parquet_schema(table_files(lake, table)[0])
+    return [name for name in wanted if name in on_disk and name in LAKE_TABLES[table].names]
 
 
 def score_files(
@@ -55,11 +65,15 @@ def export_real_traces(
     steps = read_table(lake, "steps", STEP_COLUMNS)
     if splits:
         steps = steps.filter(pl.col("split").is_in(splits))
-    history = read_table(lake, "history") if table_files(lake, "history") else None
-    sessions = read_table(lake, "sessions") if table_files(lake, "sessions") else None
+    history = sessions = None
+    if table_files(lake, "history"):
+        history = read_table(lake, "history", present_columns(lake, "history", HISTORY_COLUMNS))
+    if table_files(lake, "sessions"):
+        sessions = read_table(lake, "sessions", present_columns(lake, "sessions", SESSION_COLUMNS))
     if splits and sessions is not None:
         sessions = sessions.filter(pl.col("split").is_in(splits))
-    traces, left_out = real_trace_frame(steps, read_table(lake, "items"), history, sessions)
+    items = read_table(lake, "items", ["item_id", "category", "price"])
+    traces, left_out = real_trace_frame(steps, items, history, sessions)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     traces.write_ndjson(out)
     return {"sessions": traces.height, "cut_sessions_left_out": left_out}
