@@ -3,7 +3,7 @@ eight block distances between the real and simulated sessions of each cohort."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -228,9 +228,29 @@ def scheme_fidelity(real: dict, sim: dict, labels: tuple[str, ...], length_scale
     return {"fidelity": mean_or_zero(counted), "counted_cohorts": len(counted), "cohorts": cohorts}
 
 
+PROFILE_COLUMNS: tuple[str, ...] = ("prior_clicks", "prior_buys", "recent_click_categories")
+
+
+def with_real_profiles(sim_sessions: pl.DataFrame, real_sessions: pl.DataFrame) -> pl.DataFrame:
+    """A simulated session rolled out from a real one is that shopper's: it takes the real session's
+    profile (a simulator's trace may not repeat it); one with no real counterpart keeps its own."""
+    real = real_sessions.select("session_id", *(pl.col(c).alias(f"real_{c}") for c in PROFILE_COLUMNS))
+    return sim_sessions.join(real, on="session_id", how="left", maintain_order="left").select(
+        *(c for c in sim_sessions.columns if c not in PROFILE_COLUMNS),
+        *(
+            pl.when(pl.col("real_prior_clicks").is_not_null())
+            .then(pl.col(f"real_{c}"))
+            .otherwise(pl.col(c))
+            .alias(c)
+            for c in PROFILE_COLUMNS
+        ),
+    )
+
+
 def population_fidelity(real: Side, sim: Side) -> dict[str, object]:
     """PF: mean over schemes with at least two qualifying cohorts of their cohort fidelity."""
     edges = CohortEdges.fit(real.sessions)
+    sim = replace(sim, sessions=with_real_profiles(sim.sessions, real.sessions))
     real_side, sim_side = CohortSide.of(real, edges), CohortSide.of(sim, edges)
     scales = Scales.fit(real_side.sessions, real_side.item_steps, real_side.visits)
     schemes = {

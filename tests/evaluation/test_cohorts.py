@@ -159,3 +159,15 @@ def test_cohorts_under_30_sessions_do_not_count(tmp_path):
     # one simulated session: no cohort reaches 30 on both sides, no scheme counts, PF = mean of nothing = 0
     assert result["PF"] == 0.0
     assert result["schemes"]["activity"]["cohorts"]["low"]["counted"] is False
+
+
+def test_simulated_sessions_take_their_real_sessions_profiles(tmp_path):
+    real, _ = cohort_population(tmp_path, ("scroll_down", "end"))
+    # the same 90 sessions simulated, but written without profiles (every count 0)
+    bare = [
+        trace(f"r{user}", steps("scroll_down", "end"), user_id=f"u{user}", source="sim") for user in range(90)
+    ]
+    result = population_fidelity(real, Side.of(frames(tmp_path, "bare", bare)))
+    # each simulated session is placed in its real session's cohort, so the population matches exactly
+    assert result["PF"] == 1.0
+    assert result["schemes"]["activity"]["cohorts"]["high"]["sim_sessions"] == 30
