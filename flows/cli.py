@@ -239,6 +239,31 @@ def run(
 
 
 @app.command()
+def score(
+    real: Annotated[
+        Path,
+        typer.Option("--real", help="real traces (JSONL, ours or reference), or a lake folder", exists=True),
+    ],
+    sim: Annotated[Path, typer.Option("--sim", help="simulated rollout traces (JSONL)", exists=True)],
+    replay: Annotated[
+        Path | None, typer.Option("--replay", help="replay predictions (JSONL): RVA, F1, Acc", exists=True)
+    ] = None,
+    split: Annotated[
+        str, typer.Option("--split", help="sessions of a lake --real: train | val | test")
+    ] = "test",
+) -> None:
+    """Score simulated traces against real ones: RVA, OVA, F1, Acc, DM-JSD, TE, PF, dCTR, dACR, T-JSD
+    and the supplementary figures, printed as one JSON object."""
+    from evaluation.traces import TraceFormatError
+    from flows.score import score_command
+
+    try:
+        score_command(real, sim, replay, split)
+    except TraceFormatError as err:
+        raise stopped(err) from None
+
+
+@app.command()
 def serve(
     raw: Annotated[Path, typer.Option("--raw", help="raw log bundle the nightly run ingests")],
     lake: LakeOption = Path("lake"),
