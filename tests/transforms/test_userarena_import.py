@@ -106,9 +106,12 @@ def steps_of(lake: Path, pv: str) -> pl.DataFrame:
 def test_single_session_record(imported):
     lake, _ = imported
     steps = steps_of(lake, "pv-U1")
-    # the context row is not an action; the click on itm-8 is followed by `end`, never a detail page
-    assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home", "end"]
-    assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv", "feed"]
+    # the context row is not an action; the click on itm-8 is followed by `end`, never a detail page:
+    # that click is rejected, so the session is cut before it (its `end` is never stitched on)
+    assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home"]
+    assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv"]
+    session = read_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U1"))
+    assert session.select("terminal", "cut_reason", "length").row(0) == ("truncated", "click_without_detail_page", 4)
     assert steps["visible_items"][0].to_list() == item_keys(1, 2, 3, 4)
     assert steps["target_item_id"][1] == item_keys(5)[0] and steps["target_title"][1] == "Linen shirt 5"
     assert steps["distance"][0] == 400 and steps["ui_state"][2] == "main"
@@ -125,7 +128,8 @@ def test_cross_session_record(imported):
     assert steps["review_alias"][3] == "C1" and steps["distance"][0] == 400
     sessions = read_table(lake, "sessions")
     assert sessions.filter(pl.col("session_id") == session_key("pv-C2"))["terminal"][0] == "purchase"
-    assert sessions["user_id"].n_unique() == 3
+    assert sessions["cut_reason"].is_null().sum() == 1  # pv-C2; pv-U1 is cut (pv-C1, pv-U3: no steps)
+    assert sessions["user_id"].n_unique() == 2  # vis-3's only session, pv-U3, is cut at its first row
 
 
 def test_items_prices_and_history(imported):
@@ -145,13 +149,12 @@ def test_defective_excursions_are_quarantined_with_reasons(imported):
         "detail_step_without_page": 1,  # pv-U3: detail row before any click
         "unpresentable_click": 2,  # pv-U3: itm-7 is not in that visit's catalog (click + back_home)
         "unparseable_row": 1,  # the truncated last line
-        "session_without_actions": 4,  # pv-C1's four feed cards: no action of pv-C1 survived
+        # the `end` of pv-U1 (after its rejected click) and of pv-U3 (cut at its first row)
+        "after_rejected_event": 2,
+        "session_without_actions": 8,  # four feed cards each of pv-C1 and pv-U3: no action survived
     }
     events = result.counts["events"]
-    assert (events.rows_in, events.rows_out, events.quarantined) == (
-        20,
-        12,
-        8,
-    )  # 6 + 9 + 4 actions + 1 bad line
+    # in: 6 + 9 + 4 actions + 1 bad line; out: pv-U1's 4 steps before the cut + pv-C2's 6
+    assert (events.rows_in, events.rows_out, events.quarantined) == (20, 10, 10)
     assert all(c.balanced for c in result.counts.values())
     assert result.notes["context_rows"] == 1 and result.notes["synthetic_timestamps"] == 19

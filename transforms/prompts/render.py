@@ -124,8 +124,11 @@ def fmt_price(price: float | None) -> str:
     return f"{cents // 100}.{cents % 100:02d}"
 
 
-def fmt_px(value: int | None) -> str:
-    return "unknown" if value is None else f"{value} px"
+def fmt_px(value: float | None) -> str:
+    """CSS px as logged (often fractional), whole ones without a decimal point: 400 px, 331.4 px."""
+    if value is None:
+        return "unknown"
+    return f"{int(value)} px" if float(value).is_integer() else f"{float(value)} px"
 
 
 def fmt_gap(seconds: float) -> str:
