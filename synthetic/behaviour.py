@@ -21,7 +21,8 @@ Feed policy (offset ``o``, visible cards by the 50 % rule, not yet clicked)
     more clicks: that is the A/B effect. The clicked card is drawn among the
     visible ones with probability proportional to ``exp(appeal / click_temperature)``.
     Scroll distances scale with the shopper's scroll speed and are clipped to the
-    feed (``1 .. 694`` px, never past ``[0, feed_height - 693]``).
+    feed (``1 .. 694`` px, never past ``[0, feed_height - 693]``); with fractional
+    pixels (the default) they are logged in quarter px, so offsets are fractional too.
 
 Detail-page policy (visit step ``j``, page offset, open panel, picture index)
     weights per action, zero where illegal or pointless, then normalised:
@@ -55,7 +56,7 @@ import numpy as np
 
 from synthetic import taxonomy as tx
 from synthetic.catalog import Catalog
-from synthetic.feeds import FeedParams, Feeds
+from synthetic.feeds import PX_STEP, FeedParams, Feeds
 from transforms.config import Geometry
 from transforms.schemas import ACTIONS
 
@@ -240,8 +241,10 @@ class _Simulation:
         up = ~click & (rng.random(len(idx)) * (w_up + w_down) < w_up)
         down = ~click & ~up
         # Scroll distance: the shopper's habit, clipped to the room left and to the protocol's 694 px.
-        dist = np.clip(np.rint(traits.scroll_px[idx] * rng.lognormal(0, p.scroll_sigma, len(idx))),
-                       40, geo.max_feed_scroll).astype(np.int32)
+        # Logged in quarter px like the layout (whole px without fractions); the action is its rounding.
+        px = PX_STEP if p.feed.fractional_px else 1
+        habit = traits.scroll_px[idx] * rng.lognormal(0, p.scroll_sigma, len(idx))
+        dist = np.clip(np.rint(habit / px) * px, 40, geo.max_feed_scroll)
         dist = np.where(down, np.minimum(dist, st.max_offset[idx] - off), np.minimum(dist, off))
         # Which card: Gumbel-max over the visible cards, softmax(appeal / temperature).
         gumbel = -np.log(-np.log(rng.random(appeal.shape)))

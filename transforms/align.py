@@ -232,15 +232,13 @@ def _cum_in_view(expr: pl.Expr) -> pl.Expr:
     return total - before_view
 
 
-def cut_sessions(
-    tagged: pl.DataFrame, on_bad_event: str, *, relabel_later: bool, pseudonymize: Pseudonymize | None
-) -> Checked:
+def cut_sessions(tagged: pl.DataFrame, on_bad_event: str, pseudonymize: Pseudonymize | None) -> Checked:
     """Split events grouped by page view in session order, with ``_why`` / ``_why_detail`` (null:
     the row passed its check), into kept rows, quarantine rows and cuts.
 
-    ``relabel_later``: rejected rows after the cut leave as ``after_rejected_event`` too, not with
-    their own reason (for checks whose state comes from the rows before: once an event is gone,
-    what they found about the later ones no longer describes what happened)."""
+    Rows after the cut leave as ``after_rejected_event`` whether or not a check rejected them too
+    (the detail names their own reason): a check that reads the state left by the rows before
+    judged them in a session that did not happen once the rejected event is gone."""
     why, action = pl.col("_why"), pl.col("action")
     rejected = why.is_not_null()
     good_end = (action == "end") & ~rejected
@@ -248,13 +246,12 @@ def cut_sessions(
     cutting = rejected & (ended_before == 0)
     cuts_so_far = _cum_in_view(cutting)
     at_cut = cutting & (cuts_so_far == 1)
-    leaves = ~rejected | pl.lit(relabel_later)
     if on_bad_event == "cut":
         code, context = AFTER_REJECTED, "the session was cut at an earlier rejected event: "
-        follows = (cuts_so_far > 0) & ~at_cut & leaves
+        follows = (cuts_so_far > 0) & ~at_cut
     else:
         code, context = DROPPED_WITH_SESSION, "drop_session: the session had a rejected event: "
-        follows = cutting.any().over("page_view_id") & ~at_cut & leaves
+        follows = cutting.any().over("page_view_id") & ~at_cut
     first_why = why.filter(at_cut).first().over("page_view_id")
     reason = pl.when(follows).then(pl.lit(code)).otherwise(why)
     detail = (
@@ -299,7 +296,6 @@ def _split_and_cut(
     on_bad_event: str,
     *,
     order: list[str] | None,
-    relabel_later: bool,
     pseudonymize: Pseudonymize | None,
 ) -> Checked:
     """``reason`` per row, then ``cut_sessions`` on the page views with a rejection. ``order``: the
@@ -319,7 +315,7 @@ def _split_and_cut(
             .sort("page_view_id", *order, "_passed")
             .drop("_passed")
         )
-    checked = cut_sessions(affected, on_bad_event, relabel_later=relabel_later, pseudonymize=pseudonymize)
+    checked = cut_sessions(affected, on_bad_event, pseudonymize)
     # each view lies wholly in one of the two, so the rows of a view stay together, in order
     checked.rows = pl.concat([tagged.filter(~hit).drop("_why", "_why_detail"), checked.rows])
     if order is not None:
@@ -344,8 +340,7 @@ def row_checks(
     rejection cuts its session (``cut_sessions``, in session order: ts, then source order).
 
     ``events`` have their actions mapped and duplicate ids settled (``map_actions``, ``dedupe_events``);
-    ``in_catalog`` is true where ``item_id`` passed the catalog checks. A row's verdict here does
-    not depend on the other rows' verdicts, so rejected rows keep their own reason after a cut.
+    ``in_catalog`` is true where ``item_id`` passed the catalog checks.
     """
     action, screen = pl.col("action"), pl.col("screen")
     needs_item = action.eq("click") | screen.eq("ipv")
@@ -390,7 +385,6 @@ def row_checks(
         detail,
         on_bad_event,
         order=["ts", "_file", "_row"],
-        relabel_later=False,
         pseudonymize=pseudonymize,
     )
 
@@ -557,8 +551,7 @@ def screen_checks(
     scroll's derived distance reads the next row's logged offset, which is an observation whether or
     not that next event is kept. So every row before a session's first rejection sees the state it
     would see if nothing after it existed, and is judged as in a session cut there; rows after the
-    first rejection are cut whatever their checks said (their state may have depended on the rejected
-    event, so their own reasons are not kept).
+    first rejection are cut whatever their checks said.
     """
     events = events.with_row_index("_eid")
     visible = visible_cards(events, layout, geometry)
@@ -590,7 +583,6 @@ def screen_checks(
         feed_detail,
         on_bad_event,
         order=None,
-        relabel_later=True,
         pseudonymize=pseudonymize,
     )
 

@@ -17,7 +17,8 @@ Conventions of the release, as read here:
   than the one clicked (``excursion_product_mismatch``), or a click on an item
   that is not in the visit's feed catalog (``unpresentable_click``). Like any
   rejected event it cuts the session (``align.cut_sessions``): the steps before
-  it stay, the rows after it leave as ``after_rejected_event``.
+  it stay, its first row carries the reason, the rows after it (the rest of the
+  excursion included) leave as ``after_rejected_event``.
 - Card boxes need only ``y``: ``x`` and ``width`` may be absent and a missing
   ``height`` is the reference's 328 px (``align.check_feeds`` flags each default).
 - Rows carry no timestamps in the release; when a row has none, times are
@@ -361,9 +362,9 @@ def _tables(
 def _cut_at_defects(
     events: pl.DataFrame, feed_rows: list[dict], pseudonymize: Pseudonymize | None, on_bad_event: str
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Rows of defective excursions leave with their reasons; the first one of a session (before its
-    ``end``) cuts it like any rejected event (``align.cut_sessions``): what follows it leaves as
-    ``after_rejected_event`` (or the whole session, ``on_bad_event = "drop_session"``)."""
+    """The first row of a defective excursion (before the session's ``end``) cuts the session like
+    any rejected event (``align.cut_sessions``): it leaves with the excursion's reason, what follows
+    it as ``after_rejected_event`` (or the whole session, ``on_bad_event = "drop_session"``)."""
     presentable = (
         pl.DataFrame(
             {
@@ -386,5 +387,5 @@ def _cut_at_defects(
     )
     if tagged["_why"].null_count() == tagged.height:
         return tagged.drop("_why", "_why_detail", "_in_feed"), empty_rejects(), no_cuts()
-    checked = cut_sessions(tagged, on_bad_event, relabel_later=False, pseudonymize=pseudonymize)
+    checked = cut_sessions(tagged, on_bad_event, pseudonymize)
     return checked.rows.drop("_in_feed"), pl.concat(checked.rejects), session_cuts(checked.cuts)
