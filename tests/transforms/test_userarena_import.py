@@ -122,7 +122,8 @@ def test_single_session_record(imported):
     assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home"]
     assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv"]
     session = read_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U1"))
-    assert session.select("terminal", "cut_reason", "length").row(0) == ("truncated", "click_without_detail_page", 4)
+    cut = ("truncated", "click_without_detail_page", 4)
+    assert session.select("terminal", "cut_reason", "length").row(0) == cut
     assert steps["visible_items"][0].to_list() == item_keys(1, 2, 3, 4)
     assert steps["target_item_id"][1] == item_keys(5)[0] and steps["target_title"][1] == "Linen shirt 5"
     assert steps["distance"][0] == 400 and steps["ui_state"][2] == "main"
