@@ -313,3 +313,46 @@ def test_a_session_cut_before_its_first_step_keeps_nothing(tmp_path):
     assert by_reason["unknown_action"] == ["events:0"]
     assert by_reason["after_rejected_event"] == [f"events:{n}" for n in range(1, 9)]
     assert result.counts["events"].quarantined == 9
+
+
+# --- the gate reads these lakes as valid ---------------------------------------------
+
+
+def _bought_then_bad() -> dict:
+    """session_a up to its ipv_cart, then a buy, then an unknown action: cut with a buy kept."""
+    bundle = tiny_bundle()
+    buy = event(
+        "ev-b", 21, "ipv", "ipv_buy", item_id="itm-5", scroll_top=400, ipv_scroll=500, ui_state="main"
+    )
+    bundle["events"] = [*bundle["events"][:6], buy, event("ev-t", 22, "ipv", "teleport", item_id="itm-5")]
+    return bundle
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["fractional", "partial_boxes", "cut", "cut_after_buy"],
+)
+def test_the_gate_accepts_fractional_lenient_and_cut_lakes(tmp_path, case):
+    from validation.gate import run_gate
+
+    if case == "partial_boxes":
+        (tmp_path / "release.jsonl").write_text(json.dumps(PARTIAL_BOXES) + "\n")
+        ingest_bundle(tmp_path / "release.jsonl", tmp_path / "lake", source_format="userarena")
+        lake, settings = tmp_path / "lake", None
+    else:
+        bundle, settings = {
+            "fractional": (fractional_bundle(), IngestSettings(geometry=FRACTIONAL_GEOMETRY)),
+            "cut": (bad_middle(), None),
+            "cut_after_buy": (_bought_then_bad(), None),
+        }[case]
+        _, lake = ingest(tmp_path, bundle, settings)
+    tables = ["steps", "sessions", "feed_layouts"]
+    summary = run_gate(lake, tables, stage="ingest", replace_quarantine=True, settings=settings, docs=False)
+    assert summary.ok
+    if case == "cut_after_buy":  # a buy, but cut: truncated, not purchase
+        session = read_table(lake, "sessions").row(0, named=True)
+        assert (session["buys"], session["terminal"], session["cut_reason"]) == (
+            1,
+            "truncated",
+            "unknown_action",
+        )
