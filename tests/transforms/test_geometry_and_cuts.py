@@ -356,3 +356,16 @@ def test_the_gate_accepts_fractional_lenient_and_cut_lakes(tmp_path, case):
             "truncated",
             "unknown_action",
         )
+
+
+def test_prompts_show_fractional_offsets_as_logged():
+    from transforms.prompts.render import Observation, fmt_px
+    from transforms.records import fmt_px as fmt_px_expr
+
+    values = [0.0, 400.0, 331.4, 1240.5, None]
+    # whole px without a decimal point, fractions as logged; the renderer and its vectorised twin agree
+    expected = ["0 px", "400 px", "331.4 px", "1240.5 px", "unknown"]
+    assert [fmt_px(v) for v in values] == expected
+    frame = pl.DataFrame({"px": values}, schema={"px": pl.Float64})
+    assert frame.select(fmt_px_expr(pl.col("px")).alias("text"))["text"].to_list() == expected
+    assert Observation(screen="feed", scroll_top=400.4, max_scroll=547.0).scroll_top == 400.4

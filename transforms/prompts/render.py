@@ -73,15 +73,15 @@ class DetailPage(BaseModel):
     category: str | None = None  # "L1-L2-L3"
     params: list[Param] = []
     reviews: list[str | None] = []
-    scroll: int | None = None  # page offset in px
+    scroll: float | None = None  # page offset in CSS px
     ui_state: str | None = None  # open panel: main | params | comments ...
     done: dict[str, int] = {}  # ipv actions already taken in this visit -> count
 
 
 class Observation(BaseModel):
     screen: Literal["feed", "ipv"]
-    scroll_top: int | None = None  # feed offset (kept while on ipv)
-    max_scroll: int | None = None  # feed height - viewport
+    scroll_top: float | None = None  # feed offset in CSS px (kept while on ipv)
+    max_scroll: float | None = None  # feed height - viewport
     cards: list[Card] = []  # feed cards in view, reading order
     page: DetailPage | None = None
 
