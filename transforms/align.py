@@ -300,24 +300,22 @@ def _split_and_cut(
 ) -> Checked:
     """``reason`` per row, then ``cut_sessions`` on the page views with a rejection. ``order``: the
     session order to sort those views' rows by (None: ``frame`` is grouped and ordered already)."""
-    tagged = frame.with_columns(reason.alias("_why"), detail.alias("_why_detail"))
-    rejected = tagged.filter(pl.col("_why").is_not_null())
-    if rejected.height == 0:  # the common case: nothing rejected, nothing to cut
+    reasons = frame.select(reason.alias("_why")).to_series()
+    if reasons.null_count() == frame.height:  # the common case: nothing rejected, nothing to cut
         return Checked(frame)
+    tagged = frame.with_columns(reasons)
     if order is not None:  # the rows go on in the order they came
         tagged = tagged.with_row_index("_seq")
-    hit = pl.col("page_view_id").is_in(rejected["page_view_id"].unique().implode())
-    affected = tagged.filter(hit)
+    rejected_views = tagged.filter(pl.col("_why").is_not_null())["page_view_id"].unique()
+    hit = pl.col("page_view_id").is_in(rejected_views.implode())
+    affected = tagged.filter(hit).with_columns(detail.alias("_why_detail"))
     if order is not None:
         # ties rejected first: a row that cannot be told apart from a rejected one is not kept
-        affected = (
-            affected.with_columns(pl.col("_why").is_null().alias("_passed"))
-            .sort("page_view_id", *order, "_passed")
-            .drop("_passed")
-        )
+        affected = affected.with_columns(pl.col("_why").is_null().alias("_passed"))
+        affected = affected.sort("page_view_id", *order, "_passed").drop("_passed")
     checked = cut_sessions(affected, on_bad_event, pseudonymize)
     # each view lies wholly in one of the two, so the rows of a view stay together, in order
-    checked.rows = pl.concat([tagged.filter(~hit).drop("_why", "_why_detail"), checked.rows])
+    checked.rows = pl.concat([tagged.filter(~hit).drop("_why"), checked.rows])
     if order is not None:
         checked.rows = checked.rows.sort("_seq").drop("_seq")
     return checked
