@@ -10,6 +10,11 @@ order (part file name, then row). A tie is flagged ``duplicate_timestamp`` and
 an event whose ``ts`` is earlier than one before it in the source is flagged
 ``out_of_order_timestamp``; both are kept (re-ordered by time), the flags are
 quarantine rows with ``kept = true``.
+
+A rejected event inside a session is never simply left out (``cut_sessions``): the session
+is cut after its last good step, so no trajectory joins steps that did not follow each
+other. Pixels are float CSS px throughout; a scroll's action distance is the nearest whole
+px (``scroll_distance``).
 """
 
 from __future__ import annotations

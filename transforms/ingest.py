@@ -739,7 +739,9 @@ def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudony
 
     A rejected event cuts its session (``align.cut_sessions``), in two places: after the row checks
     (before ordering, in session order) and after the screen checks (which run on what the row cut
-    kept, so their cut lies inside the earlier one's prefix and is the one that holds)."""
+    kept, so their cut lies inside the earlier one's prefix and is the one that holds). A scroll
+    whose distance is not logged takes it from the next kept event, so the last step before a row
+    cut may itself be rejected (``missing_scroll_distance``) and move the cut one step earlier."""
     catalog, settings = ctx.catalog, ctx.settings
     known = pl.col("_item").is_not_null()
     feeds = feeds.with_columns(catalog.index(feeds["item_id"]).alias("_item"))
