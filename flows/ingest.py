@@ -61,15 +61,16 @@ def record_run(lake: str, summary: dict, bundle: str) -> str:
 
 
 def summary_markdown(summary: dict) -> str:
-    columns = ("rows_in", "rows_out", "quarantined", "duplicates", "flagged")
+    columns = ("rows_in", "rows_out", "quarantined", "duplicates", "dropped", "flagged")
     rows = "\n".join(
-        f"| {t} | " + " | ".join(str(c[k]) for k in columns) + " |" for t, c in summary["counts"].items()
+        f"| {t} | " + " | ".join(str(c.get(k, 0)) for k in columns) + " |"
+        for t, c in summary["counts"].items()
     )
     reasons = "\n".join(f"| {r} | {n} |" for r, n in summary["quarantine_by_reason"].items()) or "| – | 0 |"
     return (
         f"# Ingest of `{summary['raw']}`\n\nLake: `{summary['lake']}`\n\n"
-        "| table | rows in | rows out | quarantined | duplicates merged | flagged (kept) |\n"
-        f"|---|---|---|---|---|---|\n{rows}\n\n| quarantine reason | rows |\n|---|---|\n{reasons}\n"
+        "| table | rows in | rows out | quarantined | duplicates merged | dropped | flagged (kept) |\n"
+        f"|---|---|---|---|---|---|---|\n{rows}\n\n| quarantine reason | rows |\n|---|---|\n{reasons}\n"
     )
 
 

@@ -20,22 +20,26 @@ def progress_bar(console: Console) -> Progress:
 
 
 def print_ingest_summary(console: Console, summary: dict, wall: float) -> None:
-    counts = Table(title="ingest: rows in = rows out + quarantined + duplicates merged")
+    counts = Table(title="ingest: rows in = rows out + quarantined + duplicates merged + dropped")
     for column in (
         "raw table",
         "rows in",
         "rows out",
         "quarantined",
         "duplicates",
+        "dropped",
         "flagged (kept)",
         "balanced",
     ):
         counts.add_column(column, justify="left" if column == "raw table" else "right")
     for name, c in summary["counts"].items():
-        balanced = c["rows_in"] == c["rows_out"] + c["quarantined"] + c["duplicates"]
+        dropped = c.get("dropped", 0)  # events action_map declares irrelevant
+        balanced = c["rows_in"] == c["rows_out"] + c["quarantined"] + c["duplicates"] + dropped
         counts.add_row(
             name,
-            *(f"{c[k]:,}" for k in ("rows_in", "rows_out", "quarantined", "duplicates", "flagged")),
+            *(f"{c[k]:,}" for k in ("rows_in", "rows_out", "quarantined", "duplicates")),
+            f"{dropped:,}",
+            f"{c['flagged']:,}",
             "yes" if balanced else "[red]NO[/red]",
         )
     console.print(counts)

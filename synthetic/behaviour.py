@@ -21,7 +21,8 @@ Feed policy (offset ``o``, visible cards by the 50 % rule, not yet clicked)
     more clicks: that is the A/B effect. The clicked card is drawn among the
     visible ones with probability proportional to ``exp(appeal / click_temperature)``.
     Scroll distances scale with the shopper's scroll speed and are clipped to the
-    feed (``1 .. 694`` px, never past ``[0, feed_height - 693]``).
+    feed (``1 .. 694`` px, never past ``[0, feed_height - 693]``); with fractional
+    pixels (the default) they are logged in quarter px, so offsets are fractional too.
 
 Detail-page policy (visit step ``j``, page offset, open panel, picture index)
     weights per action, zero where illegal or pointless, then normalised:
@@ -55,7 +56,7 @@ import numpy as np
 
 from synthetic import taxonomy as tx
 from synthetic.catalog import Catalog
-from synthetic.feeds import FeedParams, Feeds
+from synthetic.feeds import PX_STEP, FeedParams, Feeds
 from transforms.config import Geometry
 from transforms.schemas import ACTIONS
 
@@ -69,6 +70,7 @@ IPV_CODES = np.array([A[name] for name in IPV_CHOICES], dtype=np.int8)
 UI_STATES = ("main", "params", "comments")
 INLINE_REVIEWS = 2  # reviews shown in the page's review block
 PANEL_REVIEWS = 4  # reviews visible in the opened review list
+MIN_MOVE = 0.5  # px: the smallest scroll that rounds to the protocol's 1 px (align.scroll_distance)
 REVIEW_ROW = 120  # px of the review block that must be in view to tap a review
 
 
@@ -118,8 +120,8 @@ class Steps:
     step: np.ndarray  # int32
     action: np.ndarray  # int8 code into ``ACTIONS``
     item: np.ndarray  # int32 catalog index: clicked card (feed) or open item (ipv); -1 = none
-    scroll_top: np.ndarray  # int32 feed offset before the action (ipv: where back_home returns)
-    scroll_delta: np.ndarray  # int32 px moved by scrolls, -1 = none
+    scroll_top: np.ndarray  # float64 feed offset before the action (ipv: where back_home returns)
+    scroll_delta: np.ndarray  # float64 px moved by scrolls, -1 = none
     ipv_scroll: np.ndarray  # int32 page offset before the action, -1 on the feed
     review_index: np.ndarray  # int32, -1 = none
     ui_state: np.ndarray  # int8 index into UI_STATES, -1 on the feed
@@ -164,8 +166,8 @@ class _State:
         n = len(feeds.n_cards)
         zeros = lambda dtype: np.zeros(n, dtype=dtype)  # noqa: E731
         return cls(
-            screen=zeros(np.int8), offset=zeros(np.int32),
-            max_offset=(feeds.feed_height - geometry.feed_viewport).astype(np.int32),
+            screen=zeros(np.int8), offset=zeros(np.float64),  # CSS px: fractional at the feed's bottom
+            max_offset=(feeds.feed_height - geometry.feed_viewport).astype(np.float64),
             clicked=np.zeros(feeds.item.shape, dtype=bool), returned=zeros(bool),
             item=np.full(n, -1, dtype=np.int32), interest=zeros(np.float64),
             page=zeros(np.int32), page_max=zeros(np.int32), ui=zeros(np.int8), pic=zeros(np.int32),
@@ -195,7 +197,7 @@ class _Recorder:
         n = len(idx)
         self.parts.append((
             idx, np.full(n, t, np.int32), action.astype(np.int8), item.astype(np.int32),
-            st.offset[idx].copy(), delta.astype(np.int32),
+            st.offset[idx].copy(), delta.astype(np.float64),
             st.page[idx].copy() if on_ipv else np.full(n, -1, np.int32), review.astype(np.int32),
             st.ui[idx].copy() if on_ipv else np.full(n, -1, np.int8),
         ))
@@ -225,21 +227,24 @@ class _Simulation:
         y, h = feeds.y[idx], feeds.height[idx]
         top = np.maximum(y, off[:, None])
         bottom = np.minimum(y + h, off[:, None] + geo.feed_viewport)
-        # integer form of "at least half the card's height inside the viewport"
+        # "at least half the card's height inside the viewport", without a division
         visible = (2 * (bottom - top) >= h) & (h > 0) & ~st.clicked[idx]
         appeal = np.where(visible, feeds.appeal[idx], -np.inf)
         best = appeal.max(axis=1)
         can_click = np.isfinite(best)
         logit = p.click_bias + p.click_slope * np.where(can_click, best, 0.0) + np.log(traits.click[idx])
         p_click = np.where(can_click, _sigmoid(logit), 0.0) * np.where(winding, p.last_click, 1.0)
-        w_up = (off > 0) * np.where(st.returned[idx], p.scroll_up_after_return, p.scroll_up)
-        w_down = (off < st.max_offset[idx]) * (1.0 - w_up)
+        # room for a move of at least MIN_MOVE px, which is an action distance of at least 1
+        w_up = (off >= MIN_MOVE) * np.where(st.returned[idx], p.scroll_up_after_return, p.scroll_up)
+        w_down = (st.max_offset[idx] - off >= MIN_MOVE) * (1.0 - w_up)
         click = rng.random(len(idx)) < p_click
         up = ~click & (rng.random(len(idx)) * (w_up + w_down) < w_up)
         down = ~click & ~up
         # Scroll distance: the shopper's habit, clipped to the room left and to the protocol's 694 px.
-        dist = np.clip(np.rint(traits.scroll_px[idx] * rng.lognormal(0, p.scroll_sigma, len(idx))),
-                       40, geo.max_feed_scroll).astype(np.int32)
+        # Logged in quarter px like the layout (whole px without fractions); the action is its rounding.
+        px = PX_STEP if p.feed.fractional_px else 1
+        habit = traits.scroll_px[idx] * rng.lognormal(0, p.scroll_sigma, len(idx))
+        dist = np.clip(np.rint(habit / px) * px, 40, geo.max_feed_scroll)
         dist = np.where(down, np.minimum(dist, st.max_offset[idx] - off), np.minimum(dist, off))
         # Which card: Gumbel-max over the visible cards, softmax(appeal / temperature).
         gumbel = -np.log(-np.log(rng.random(appeal.shape)))

@@ -33,6 +33,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from synthetic.behaviour import BehaviourParams
+from synthetic.feeds import FeedParams
 from synthetic.world import World
 from transforms.schemas import RAW_TABLES
 
@@ -120,9 +122,10 @@ def main() -> None:
     parser.add_argument("--fmt", choices=FORMATS, default="parquet")
     parser.add_argument("--parts-per-table", type=int, default=1)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--whole-px", action="store_true", help="whole px boxes (default: fractional)")
     args = parser.parse_args()
     summary = write_bundle(args.out_dir, args.users, args.seed, args.fmt, args.parts_per_table,
-                           overwrite=args.overwrite)
+                           overwrite=args.overwrite, fractional_px=not args.whole_px)
     print(json.dumps({k: summary[k] for k in ("counts", "time_range", "timings_s")}, indent=2))
 
 
@@ -133,8 +136,10 @@ def write_bundle(
     fmt: Format = "parquet",
     parts_per_table: int = 1,
     overwrite: bool = False,
+    fractional_px: bool = True,
 ) -> dict[str, Any]:
-    """Build a world, simulate every shopper under the per-user A/B arms, write the bundle.
+    """Build a world, simulate every shopper under the per-user A/B arms, write the bundle
+    (``fractional_px``: card boxes and offsets in fractional CSS px, as real logs have them).
 
     Returns the manifest plus ``timings_s`` (the manifest file itself has no timings,
     so it is deterministic).
@@ -145,7 +150,8 @@ def write_bundle(
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} is not empty (pass overwrite=True)")
     t0 = time.perf_counter()
-    world = World.build(users, seed)
+    params = BehaviourParams(feed=FeedParams(fractional_px=fractional_px))
+    world = World.build(users, seed, params)
     bundle = world.simulate(policy="ab", seed=seed)
     t1 = time.perf_counter()
     tmp = out.with_name(out.name + ".partial")

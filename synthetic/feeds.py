@@ -12,7 +12,10 @@ candidates, so an A/B difference comes from the ranking alone:
 
 Layout: two columns of ``CARD_WIDTH`` px at x = 4 and x = 203 (screen 402 px), card
 heights 250-380 px, each card placed in the currently shorter column (left on ties),
-8 px gaps; ``feed_height`` = tallest column + bottom padding.
+8 px gaps; ``feed_height`` = tallest column + bottom padding. Like real logs (CSS px on
+high-density screens), pixels are fractional by default (``FeedParams.fractional_px``):
+columns of 196.5 px at x = 4.5 and 205.5, heights in quarter px. Quarters are exact in
+binary floating point, so every consumer computes the same visibility from them.
 
 All arrays are padded ``(page views, MAX_CARDS)`` matrices in reading (rank) order;
 padding has ``height == 0`` and ``item == -1``.
@@ -31,6 +34,9 @@ CARDS = (30, 120)
 MAX_CARDS = CARDS[1]
 CARD_WIDTH = 195
 COLUMN_X = (4, 203)
+FRACTIONAL_CARD_WIDTH = 196.5  # the reference's card width (PROTOCOL.md §1)
+FRACTIONAL_COLUMN_X = (4.5, 205.5)
+PX_STEP = 0.25  # fractional heights are whole px plus a multiple of this
 CARD_HEIGHT = (250, 380)
 GAP = 8
 PAD_Y = 1_000_000_000  # y of padding slots: never inside a viewport
@@ -40,12 +46,13 @@ EXTRA_CANDIDATES = 10  # over-draw, then drop duplicates within a page view
 @dataclass(frozen=True)
 class Feeds:
     item: np.ndarray  # int32 (pv, K), -1 = padding
-    x: np.ndarray  # int32
-    y: np.ndarray  # int32, top of card in feed px (PAD_Y for padding)
-    height: np.ndarray  # int32, 0 for padding
+    x: np.ndarray  # px (float64 when fractional, else int32)
+    y: np.ndarray  # px, top of card in the feed (PAD_Y for padding)
+    height: np.ndarray  # px, 0 for padding
     n_cards: np.ndarray  # int32 (pv,)
-    feed_height: np.ndarray  # int32 (pv,)
+    feed_height: np.ndarray  # px (pv,)
     appeal: np.ndarray  # float32 (pv, K): the shopper's utility of each card, -inf for padding
+    card_width: float = CARD_WIDTH
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class FeedParams:
     appeal_price: float = 0.9
     appeal_popularity: float = 0.05
     appeal_noise: float = 0.8
+    fractional_px: bool = True  # card boxes in fractional CSS px, as real logs have them; False: whole px
 
 
 def price_misfit(cat: Catalog, items: np.ndarray, price_level: np.ndarray) -> np.ndarray:
@@ -87,10 +95,12 @@ def _candidates(
     return np.where(dup | (item == big), -1, item)
 
 
-def _masonry(height: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _masonry(
+    height: np.ndarray, columns: tuple[float, float] = COLUMN_X
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place cards (pv, K) in rank order into the shorter of two columns; padding (height 0) is skipped."""
     n_pv, k_max = height.shape
-    bottom = np.zeros((n_pv, 2), dtype=np.int32)
+    bottom = np.zeros((n_pv, 2), dtype=height.dtype)
     x = np.zeros_like(height)
     y = np.full_like(height, PAD_Y)
     rows = np.arange(n_pv)
@@ -98,7 +108,7 @@ def _masonry(height: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         real = height[:, k] > 0
         col = (bottom[:, 1] < bottom[:, 0]).astype(np.int64)  # left on ties
         top = bottom[rows, col] + GAP
-        x[:, k] = np.where(real, np.array(COLUMN_X, dtype=np.int32)[col], 0)
+        x[:, k] = np.where(real, np.array(columns, dtype=height.dtype)[col], 0)
         y[:, k] = np.where(real, top, PAD_Y)
         bottom[rows, col] = np.where(real, top + height[:, k], bottom[rows, col])
     return x, y, bottom.max(axis=1) + GAP
@@ -146,13 +156,21 @@ def build_feeds(
     grid_h = np.where(keep, rng.integers(CARD_HEIGHT[0], CARD_HEIGHT[1], order.shape, endpoint=True), 0)
     grid_h = grid_h.astype(np.int32)
     grid_appeal = np.where(keep, appeal, -np.inf).astype(np.float32)
-    x, y, feed_height = _masonry(grid_h)
+    columns, width = COLUMN_X, CARD_WIDTH
+    if params.fractional_px:
+        # from a spawned generator: the parent's stream, hence the rest of the world, stays as it was
+        (child,) = rng.spawn(1)
+        quarters = child.integers(0, round(1 / PX_STEP), grid_h.shape) * PX_STEP
+        grid_h = np.where(grid_h > 0, grid_h + quarters, 0.0)
+        columns, width = FRACTIONAL_COLUMN_X, FRACTIONAL_CARD_WIDTH
+    x, y, feed_height = _masonry(grid_h, columns)
     return Feeds(
         item=grid_item,
         x=x,
         y=y,
         height=grid_h,
         n_cards=keep.sum(axis=1).astype(np.int32),
-        feed_height=feed_height.astype(np.int32),
+        feed_height=feed_height,
         appeal=grid_appeal,
+        card_width=width,
     )

@@ -27,7 +27,7 @@ import polars as pl
 from synthetic import taxonomy as tx
 from synthetic.behaviour import UI_STATES, BehaviourParams, SessionTraits, Steps, simulate_steps
 from synthetic.catalog import ITEMS_PER_USER, Catalog, build_catalog, items_frame
-from synthetic.feeds import CARD_WIDTH, Feeds, build_feeds
+from synthetic.feeds import Feeds, build_feeds
 from synthetic.ids import hex_ids, salt
 from synthetic.shoppers import Shoppers, build_shoppers, profiles_frame, traits_frame
 from synthetic.timing import dwell_ms, session_starts_ms
@@ -204,7 +204,7 @@ class World:
             "item_id": self.item_ids.gather(feeds.item[pv, slot]),
             "x": feeds.x[pv, slot],
             "y": feeds.y[pv, slot],
-            "width": np.full(len(pv), CARD_WIDTH, np.int32),
+            "width": np.full(len(pv), feeds.card_width),
             "height": feeds.height[pv, slot],
             "feed_height": feeds.feed_height[pv],
         })

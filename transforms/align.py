@@ -10,15 +10,21 @@ order (part file name, then row). A tie is flagged ``duplicate_timestamp`` and
 an event whose ``ts`` is earlier than one before it in the source is flagged
 ``out_of_order_timestamp``; both are kept (re-ordered by time), the flags are
 quarantine rows with ``kept = true``.
+
+A rejected event inside a session is never simply left out (``cut_sessions``): the session
+is cut after its last good step, so no trajectory joins steps that did not follow each
+other. Pixels are float CSS px throughout; a scroll's action distance is the nearest whole
+px (``scroll_distance``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import polars as pl
 
-from transforms.config import Geometry
+from transforms.config import DROP_ACTION, Geometry
 from transforms.readers import Pseudonymize, empty_rejects, reject_rows
 from transforms.schemas import ACTION_GROUPS, ACTIONS, FEED_ACTIONS, IPV_ACTIONS, PROFILE_FIELDS, SCREENS
 
@@ -34,6 +40,7 @@ class Checked:
     rejects: list[pl.DataFrame] = field(default_factory=list)
     duplicates: int = 0
     flags: list[pl.DataFrame] = field(default_factory=list)
+    cuts: list[pl.DataFrame] = field(default_factory=list)  # page_view_id, cut_reason (cut_sessions)
 
 
 def split_by_reason(
@@ -105,24 +112,63 @@ def check_profiles(profiles: pl.DataFrame, pseudonymize: Pseudonymize) -> Checke
     return dedupe(profiles, ["user_id"], "profiles", "duplicate_profile", pseudonymize)
 
 
-def check_feeds(feeds: pl.DataFrame, in_catalog: pl.Expr, pseudonymize: Pseudonymize) -> Checked:
-    """``in_catalog``: true where the card's item passed the catalog checks."""
+def check_feeds(
+    feeds: pl.DataFrame, in_catalog: pl.Expr, geometry: Geometry, pseudonymize: Pseudonymize
+) -> Checked:
+    """``in_catalog``: true where the card's item passed the catalog checks.
+
+    Only ``y`` (and the feed's height) place a card for visibility, so a box without ``width`` or
+    ``height`` takes the reference's defaults (``Geometry.default_card_width`` / ``_height``) and is
+    flagged ``defaulted_geometry`` (kept); a missing ``x`` stays null (reading order then puts the
+    card after those beside it). A box that cannot be placed is ``invalid_geometry``.
+    """
     checked = dedupe(feeds, ["page_view_id", "item_id"], "feeds", "duplicate_feed_card", pseudonymize)
+    checked.rows, flags = _default_card_size(checked.rows, geometry, pseudonymize)
+    x, y, width, height, feed = (pl.col(c) for c in ("x", "y", "width", "height", "feed_height"))
+    placed = pl.all_horizontal(c.is_finite() for c in (y, width, height, feed))
+    finite = placed & x.is_finite().fill_null(True)
     reason = (
         pl.when(~in_catalog)
         .then(pl.lit("item_not_in_catalog"))
         .when(
-            (pl.col("width") <= 0)
-            | (pl.col("height") <= 0)
-            | (pl.col("x") < 0)
-            | (pl.col("y") < 0)
-            | (pl.col("feed_height") < pl.col("y") + pl.col("height"))
+            ~finite | (width <= 0) | (height <= 0) | (x < 0).fill_null(False) | (y < 0) | (feed < y + height)
         )
         .then(pl.lit("invalid_geometry"))
     )
     rows, bad = split_by_reason(checked.rows, reason, "feeds", None, pseudonymize)
-    checked.rows, checked.rejects = rows, [*checked.rejects, bad]
+    checked.rows, checked.rejects, checked.flags = rows, [*checked.rejects, bad], [flags]
     return checked
+
+
+def _default_card_size(
+    feeds: pl.DataFrame, geometry: Geometry, pseudonymize: Pseudonymize
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Missing widths and heights filled with the defaults; one kept flag per filled card."""
+    no_width, no_height = pl.col("width").is_null(), pl.col("height").is_null()
+    defaulted = feeds.filter(no_width | no_height)
+    if defaulted.height == 0:
+        return feeds, empty_rejects()
+    detail = pl.concat_str(
+        pl.lit("kept; defaulted "),
+        pl.concat_str(
+            pl.when(no_width).then(pl.lit(f"width = {geometry.default_card_width:g} px")),
+            pl.when(no_height).then(pl.lit(f"height = {geometry.default_card_height:g} px")),
+            separator=", ",
+            ignore_nulls=True,
+        ),
+    )
+    flags = reject_rows(
+        "feeds",
+        defaulted,
+        "defaulted_geometry",
+        defaulted.select(detail).to_series(),
+        pseudonymize,
+    )
+    filled = feeds.with_columns(
+        pl.col("width").fill_null(geometry.default_card_width),
+        pl.col("height").fill_null(geometry.default_card_height),
+    )
+    return filled, flags
 
 
 def layouts(feeds: pl.DataFrame) -> pl.DataFrame:
@@ -133,7 +179,7 @@ def layouts(feeds: pl.DataFrame) -> pl.DataFrame:
     usual case) are taken as they come instead of being sorted.
     """
     if not _in_reading_order(feeds):
-        feeds = feeds.sort("page_view_id", "y", "x")
+        feeds = feeds.sort("page_view_id", "y", "x", nulls_last=True, maintain_order=True)
     return feeds.with_columns(pl.col("page_view_id").rle_id().alias("_pv")).with_columns(
         pl.int_range(pl.len(), dtype=pl.Int32).over("_pv").alias("rank"),
         pl.col("feed_height").max().over("_pv").alias("feed_height"),
@@ -144,11 +190,13 @@ def _in_reading_order(feeds: pl.DataFrame) -> bool:
     """Each page view's cards contiguous and ordered by (y, x)."""
     y, x, view = pl.col("y"), pl.col("x"), pl.col("page_view_id")
     new_view = view != view.shift(1)
-    ordered = new_view | (y > y.shift(1)) | ((y == y.shift(1)) & (x >= x.shift(1)))
+    # a null x sorts last among cards of the same y
+    beside = (y == y.shift(1)) & (x.is_null() | (x >= x.shift(1)).fill_null(x.shift(1).is_not_null()))
+    ordered = (new_view | (y > y.shift(1)) | beside).fill_null(True)
     runs, views, in_order = feeds.select(
         new_view.fill_null(True).sum().alias("runs"),
         view.n_unique().alias("views"),
-        ordered.fill_null(True).all().alias("in_order"),
+        ordered.all().alias("in_order"),
     ).row(0)
     return runs == views and in_order
 
@@ -157,8 +205,125 @@ def _in_reading_order(feeds: pl.DataFrame) -> bool:
 
 
 def map_actions(events: pl.DataFrame, action_map: dict[str, str]) -> pl.DataFrame:
-    """Platform action names -> the 13 actions (before duplicate ids are compared)."""
+    """Platform action names -> the 13 actions, or ``drop`` (before duplicate ids are compared)."""
     return events.with_columns(pl.col("action").replace(action_map)) if action_map else events
+
+
+def drop_declared(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Events whose action ``action_map`` sends to ``drop`` are no part of the trajectory: they leave
+    without cutting their session (not a rejection) and are counted as dropped."""
+    declared = pl.col("action") == DROP_ACTION
+    dropped = events.select(declared.sum()).item() or 0
+    return (events.filter(~declared), dropped) if dropped else (events, 0)
+
+
+# --- cutting a session at its first rejected event --------------------------------
+# A session is a sequence: an event left out of it would join the steps around it into a
+# trajectory no shopper made. So the first rejected event of a session (before its first ``end``:
+# what comes after the end is no part of it anyway) cuts it: the steps before stay, the session
+# ends ``truncated`` with ``cut_reason``, and the events after the cut are quarantined
+# ``after_rejected_event`` (``on_bad_event = "cut"``); or every event of the session is
+# quarantined ``dropped_with_session`` (``"drop_session"``). Duplicates merged and kept flags
+# never cut; nor does the later copy of a conflicting event id (the id's first copy stays).
+
+AFTER_REJECTED = "after_rejected_event"
+DROPPED_WITH_SESSION = "dropped_with_session"
+
+
+def _cum_in_view(expr: pl.Expr) -> pl.Expr:
+    """Running sum of ``expr`` within each page view, this row included (rows grouped by view)."""
+    total = expr.cast(pl.Int64).cum_sum()
+    before_view = pl.when(_view_start()).then(total - expr.cast(pl.Int64)).forward_fill()
+    return total - before_view
+
+
+def cut_sessions(tagged: pl.DataFrame, on_bad_event: str, pseudonymize: Pseudonymize | None) -> Checked:
+    """Split events grouped by page view in session order, with ``_why`` / ``_why_detail`` (null:
+    the row passed its check), into kept rows, quarantine rows and cuts.
+
+    Rows after the cut leave as ``after_rejected_event`` whether or not a check rejected them too
+    (the detail names their own reason): a check that reads the state left by the rows before
+    judged them in a session that did not happen once the rejected event is gone."""
+    why, action = pl.col("_why"), pl.col("action")
+    rejected = why.is_not_null()
+    good_end = (action == "end") & ~rejected
+    ended_before = _cum_in_view(good_end) - good_end.cast(pl.Int64)
+    cutting = rejected & (ended_before == 0)
+    cuts_so_far = _cum_in_view(cutting)
+    at_cut = cutting & (cuts_so_far == 1)
+    if on_bad_event == "cut":
+        code, context = AFTER_REJECTED, "the session was cut at an earlier rejected event: "
+        follows = (cuts_so_far > 0) & ~at_cut
+    else:
+        code, context = DROPPED_WITH_SESSION, "drop_session: the session had a rejected event: "
+        follows = cutting.any().over("page_view_id") & ~at_cut
+    first_why = why.filter(at_cut).first().over("page_view_id")
+    reason = pl.when(follows).then(pl.lit(code)).otherwise(why)
+    detail = (
+        pl.when(follows)
+        .then(
+            pl.concat_str(
+                pl.lit(context),
+                first_why,
+                pl.when(rejected).then(pl.concat_str(pl.lit("; itself "), why)),
+                ignore_nulls=True,
+            )
+        )
+        .otherwise(pl.col("_why_detail"))
+    )
+    marked = tagged.with_columns(at_cut.alias("_at_cut"))
+    cuts = (
+        marked.filter(pl.col("_at_cut")).select("page_view_id", pl.col("_why").alias("cut_reason"))
+        if on_bad_event == "cut"
+        else no_cuts()
+    )
+    rows, rejects = split_by_reason(marked, reason, "events", detail, pseudonymize)
+    return Checked(rows.drop("_why", "_why_detail", "_at_cut"), [rejects], cuts=[cuts])
+
+
+def no_cuts() -> pl.DataFrame:
+    return pl.DataFrame(schema={"page_view_id": pl.String, "cut_reason": pl.String})
+
+
+def session_cuts(cuts: list[pl.DataFrame]) -> pl.DataFrame:
+    """One ``cut_reason`` per cut page view. Each check runs on what the checks before it kept, so
+    a later cut lies before an earlier one and is the one that holds: the last one listed wins."""
+    frames = [c for c in cuts if c.height]
+    if not frames:
+        return no_cuts()
+    return pl.concat(frames).group_by("page_view_id", maintain_order=True).last()
+
+
+def _split_and_cut(
+    frame: pl.DataFrame,
+    reason: pl.Expr,
+    detail: pl.Expr,
+    on_bad_event: str,
+    *,
+    order: list[str] | None,
+    pseudonymize: Pseudonymize | None,
+) -> Checked:
+    """``reason`` per row, then ``cut_sessions`` on the page views with a rejection. ``order``: the
+    session order to sort those views' rows by (None: ``frame`` is grouped and ordered already)."""
+    reasons = frame.select(reason.alias("_why")).to_series()
+    if reasons.null_count() == frame.height:  # the common case: nothing rejected, nothing to cut
+        return Checked(frame)
+    tagged = frame.with_columns(reasons)
+    if order is not None:  # the rows go on in the order they came
+        tagged = tagged.with_row_index("_seq")
+    rejected_views = tagged.filter(pl.col("_why").is_not_null())["page_view_id"].unique()
+    hit = pl.col("page_view_id").is_in(rejected_views.implode())
+    affected = tagged.filter(hit).with_columns(detail.alias("_why_detail"))
+    if order is not None:
+        # ties rejected first: a row that cannot be told apart from a rejected one is not kept
+        affected = affected.with_columns(pl.col("_why").is_null().alias("_passed"))
+        affected = affected.sort("page_view_id", *order, "_passed").drop("_passed")
+    checked = cut_sessions(affected, on_bad_event, pseudonymize)
+    # each view lies wholly in one of the two, so the rows of a view stay together, in order
+    checked.rows = pl.concat([tagged.filter(~hit).drop("_why"), checked.rows])
+    if order is not None:
+        checked.rows = checked.rows.sort("_seq").drop("_seq")
+    return checked
 
 
 def dedupe_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
@@ -172,16 +337,18 @@ def row_checks(
     feed_views: pl.Series,
     max_ts: pl.Expr,
     pseudonymize: Pseudonymize,
+    on_bad_event: str = "cut",
 ) -> Checked:
-    """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership.
+    """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership; a
+    rejection cuts its session (``cut_sessions``, in session order: ts, then source order).
 
     ``events`` have their actions mapped and duplicate ids settled (``map_actions``, ``dedupe_events``);
     ``in_catalog`` is true where ``item_id`` passed the catalog checks.
     """
-    checked = Checked(events)
     action, screen = pl.col("action"), pl.col("screen")
     needs_item = action.eq("click") | screen.eq("ipv")
     owner = pl.col("user_id").sort_by("ts", "_file", "_row").first().over("page_view_id")
+    offsets = (pl.col("scroll_top"), pl.col("ipv_scroll"), pl.col("scroll_delta"))
     reason = (
         pl.when(~action.is_in(ACTIONS))
         .then(pl.lit("unknown_action"))
@@ -194,6 +361,8 @@ def row_checks(
         .then(pl.lit("illegal_action_on_screen"))
         .when(pl.col("ts") > max_ts)
         .then(pl.lit("future_timestamp"))
+        .when(pl.any_horizontal(~c.is_finite() for c in offsets).fill_null(False))
+        .then(pl.lit("non_finite_offset"))
         .when((pl.col("scroll_top") < 0) | (pl.col("ipv_scroll") < 0))
         .then(pl.lit("negative_offset"))
         .when(pl.col("user_id") != owner)
@@ -213,9 +382,14 @@ def row_checks(
         .when(screen.eq("feed") & pl.col("scroll_top").is_null() & action.is_in(ACTIONS))
         .then(pl.lit("required field is null: scroll_top (feed events)"))
     )
-    rows, bad = split_by_reason(checked.rows, reason, "events", detail, pseudonymize)
-    checked.rows, checked.rejects = rows, [*checked.rejects, bad]
-    return checked
+    return _split_and_cut(
+        events,
+        reason,
+        detail,
+        on_bad_event,
+        order=["ts", "_file", "_row"],
+        pseudonymize=pseudonymize,
+    )
 
 
 def order_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -315,8 +489,13 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
     view = geometry.feed_viewport
     views = cards.filter(pl.col("rank") == 0).select("page_view_id", "_pv")
     carried = [c for c in ("_item",) if c in cards.columns]
+    # the key: view number, then twice the midpoint rounded down, so fractional boxes keep integer
+    # keys; floor is monotonic, so the search bounds below (floored alike) miss no candidate
     cards = cards.select(
-        (pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN + 2 * pl.col("y") + pl.col("height")).alias("_key"),
+        (
+            pl.col("_pv").cast(pl.Int64) * CARD_KEY_SPAN
+            + (2 * pl.col("y") + pl.col("height")).floor().cast(pl.Int64)
+        ).alias("_key"),
         "y",
         "height",
         "rank",
@@ -331,10 +510,10 @@ def visible_cards(events: pl.DataFrame, cards: pl.DataFrame, geometry: Geometry)
     )
     keys = cards["_key"]
     # keys hold twice the midpoint; widen the window by the tallest card when a fraction < 1/2 counts
-    margin = 0 if geometry.visible_fraction >= 0.5 or cards.height == 0 else int(cards["height"].max())
-    top = feed["scroll_top"].cast(pl.Int64)
-    lo = keys.search_sorted(feed["_base"] + 2 * top - margin, side="left")
-    hi = keys.search_sorted(feed["_base"] + 2 * (top + view) + margin, side="right")
+    margin = 0 if geometry.visible_fraction >= 0.5 or cards.height == 0 else math.ceil(cards["height"].max())
+    top = feed["scroll_top"]
+    lo = keys.search_sorted(feed["_base"] + (2 * top).floor().cast(pl.Int64) - margin, side="left")
+    hi = keys.search_sorted(feed["_base"] + (2 * (top + view)).floor().cast(pl.Int64) + margin, side="right")
     candidates = feed.with_columns(pl.int_ranges(lo, hi).alias("_card")).explode("_card").drop_nulls("_card")
     candidates = pl.concat(  # the candidate cards' rows, by position: no join needed
         [candidates, cards.drop("_key").gather(candidates["_card"])],
@@ -362,10 +541,21 @@ def screen_checks(
     items: pl.DataFrame,
     geometry: Geometry,
     pseudonymize: Pseudonymize,
+    on_bad_event: str = "cut",
 ) -> Checked:
-    """What was on screen: visible cards, click targets, scroll legality, open detail page.
+    """What was on screen: visible cards, click targets, scroll legality, open detail page; the first
+    rejection of a session cuts it (``cut_sessions``).
 
-    ``items``: ``item_context`` by catalog row (row k describes the item that ``_item`` = k names)."""
+    ``events``: grouped by page view in session order, after ``drop_after_end``; ``items``:
+    ``item_context`` by catalog row (row k describes the item that ``_item`` = k names).
+
+    One pass is exact: the state a check reads at a row (the open detail page, the offsets) comes
+    from the rows before it, or from the row itself (visible cards, from its own offset); only a
+    scroll's derived distance reads the next row's logged offset, which is an observation whether or
+    not that next event is kept. So every row before a session's first rejection sees the state it
+    would see if nothing after it existed, and is judged as in a session cut there; rows after the
+    first rejection are cut whatever their checks said.
+    """
     events = events.with_row_index("_eid")
     visible = visible_cards(events, layout, geometry)
     # layouts() put each view's max feed_height on all its cards: its rank-0 card speaks for it
@@ -388,24 +578,34 @@ def screen_checks(
             .alias("visible_source"),
         )
     )
-    checked = Checked(events)
-    for step in (_feed_legality, _detail_page_legality):
-        rows, bad = step(checked.rows, items, geometry, pseudonymize)
-        checked.rows, checked.rejects = rows, [*checked.rejects, bad]
-    return checked
+    events, feed_reason, feed_detail = _feed_legality(events, geometry)
+    events, page_reason = _detail_page_legality(events, items)
+    return _split_and_cut(
+        events,
+        pl.coalesce(feed_reason, page_reason),
+        feed_detail,
+        on_bad_event,
+        order=None,
+        pseudonymize=pseudonymize,
+    )
+
+
+def scroll_distance(px: pl.Expr) -> pl.Expr:
+    """A scroll's action distance: the protocol's whole pixels, the nearest to the logged move
+    (halves up: 331.4 -> 331, 331.5 -> 332); offsets stay exact."""
+    return (px.abs() + 0.5).floor().cast(pl.Int32)
 
 
 def _scroll_distance() -> pl.Expr:
     """Logged |scroll_delta|, else the move between this and the next offset on the same screen."""
     nxt = pl.when(pl.col("screen") == "feed").then(pl.col("scroll_top")).otherwise(pl.col("ipv_scroll"))
-    moved = (_in_view(nxt, -1) - nxt).abs()
+    moved = _in_view(nxt, -1) - nxt
     same_screen = _in_view(pl.col("screen"), -1) == pl.col("screen")
-    return pl.coalesce(pl.col("scroll_delta").abs(), pl.when(same_screen).then(moved)).cast(pl.Int32)
+    return scroll_distance(pl.coalesce(pl.col("scroll_delta"), pl.when(same_screen).then(moved)))
 
 
-def _feed_legality(
-    events: pl.DataFrame, items: pl.DataFrame, geometry: Geometry, pseudonymize: Pseudonymize
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _feed_legality(events: pl.DataFrame, geometry: Geometry) -> tuple[pl.DataFrame, pl.Expr, pl.Expr]:
+    """``events`` with their scroll ``distance``; the reason and detail of a feed-side rejection."""
     action, top = pl.col("action"), pl.col("scroll_top")
     max_offset = pl.max_horizontal(pl.col("_feed_height") - geometry.feed_viewport, pl.lit(0))
     events = events.with_columns(
@@ -441,14 +641,13 @@ def _feed_legality(
         .when(action.eq("ipv_scroll_up") & (pl.col("ipv_scroll") <= 0))
         .then(pl.lit("ipv_scroll_up at the top of the detail page"))
     )
-    return split_by_reason(events, reason, "events", detail, pseudonymize)
+    return events, reason, detail
 
 
-def _detail_page_legality(
-    events: pl.DataFrame, items: pl.DataFrame, geometry: Geometry, pseudonymize: Pseudonymize
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _detail_page_legality(events: pl.DataFrame, items: pl.DataFrame) -> tuple[pl.DataFrame, pl.Expr]:
     """The detail page open at each ipv step is the last click not followed by a return to the feed:
-    ``_open_item`` its catalog row (``items``: ``item_context`` by row), ``_open`` its id."""
+    ``_open_item`` its catalog row (``items``: ``item_context`` by row), ``_open`` its id; the reason
+    of a detail-page rejection."""
     closed = -1
     setter = (
         pl.when(pl.col("action") == "click")
@@ -486,7 +685,7 @@ def _detail_page_legality(
         )
         .then(pl.lit("review_not_found"))
     )
-    return split_by_reason(events, reason, "events", None, pseudonymize)
+    return events, reason
 
 
 # --- outputs --------------------------------------------------------------------
@@ -538,12 +737,16 @@ def build_steps(events: pl.DataFrame, items: pl.DataFrame, known: pl.DataFrame) 
     )
 
 
-def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
+def build_sessions(
+    steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFrame, cuts: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """One row per page view: counts, terminal state, categories.
 
     ``layout``: ``layouts`` with ``page_view_id`` renamed ``session_id``; ``items``: ``item_context``
-    by catalog row (steps and cards carry theirs as ``_item``).
+    by catalog row (steps and cards carry theirs as ``_item``); ``cuts``: ``session_cuts`` (a cut
+    session is ``truncated``, whatever its kept steps did).
     """
+    cuts = (cuts if cuts is not None else no_cuts()).rename({"page_view_id": "session_id"})
     action = pl.col("action")
     sessions = steps.group_by("session_id").agg(
         pl.col("user_id").first(),
@@ -586,10 +789,13 @@ def build_sessions(steps: pl.DataFrame, layout: pl.DataFrame, items: pl.DataFram
         sessions.join(clicked, on="session_id", how="left")
         .join(shown, on="session_id", how="left")
         .join(geometry, on="session_id", how="left")
+        .join(cuts, on="session_id", how="left")
         .with_columns(
             pl.col("categories").fill_null(pl.lit([], dtype=pl.List(pl.String))),
             pl.coalesce("_clicked_top", "_shown_top").alias("top_category"),
-            pl.when(pl.col("buys") > 0)
+            pl.when(pl.col("cut_reason").is_not_null())
+            .then(pl.lit("truncated"))
+            .when(pl.col("buys") > 0)
             .then(pl.lit("purchase"))
             .when(~pl.col("ended"))
             .then(pl.lit("truncated"))
@@ -620,8 +826,12 @@ def category_levels(categories: pl.Series) -> pl.DataFrame:
     """``category_l1..l3`` of each row (null beyond a path's depth), split once per distinct
     category: a catalog has far fewer categories than items."""
     levels = pl.col("category").str.split("-")
-    paths = categories.unique().to_frame("category").with_columns(
-        levels.list.get(n, null_on_oob=True).alias(name) for n, name in enumerate(CATEGORY_LEVELS)
+    paths = (
+        categories.unique()
+        .to_frame("category")
+        .with_columns(
+            levels.list.get(n, null_on_oob=True).alias(name) for n, name in enumerate(CATEGORY_LEVELS)
+        )
     )
     rows = categories.to_frame("category").join(paths, on="category", how="left", maintain_order="left")
     return rows.drop("category")

@@ -92,17 +92,18 @@ WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "session
 
 @dataclass
 class TableCount:
-    """Accounting for one raw table: rows_in = rows_out + quarantined + duplicates."""
+    """Accounting for one raw table: rows_in = rows_out + quarantined + duplicates + dropped."""
 
     rows_in: int
     rows_out: int
     quarantined: int
     duplicates: int
     flagged: int = 0
+    dropped: int = 0  # events ``action_map`` declares no part of a trajectory (align.drop_declared)
 
     @property
     def balanced(self) -> bool:
-        return self.rows_in == self.rows_out + self.quarantined + self.duplicates
+        return self.rows_in == self.rows_out + self.quarantined + self.duplicates + self.dropped
 
 
 @dataclass
@@ -264,6 +265,7 @@ class Raw:
     item_ids: Callable[[], list[pl.Series]] | None = None
     # set when the feeds are read in place in pass 2 instead of spilled (``FeedsInPlace``)
     feeds_in_place: FeedsInPlace | None = None
+    cuts: pl.DataFrame = field(default_factory=align.no_cuts)  # sessions the reader cut (UserArena)
 
     def add(self, chunk: TableRead) -> None:
         self.count(chunk)
@@ -691,6 +693,7 @@ class Context:
     users: pl.DataFrame  # user_id (raw) -> _user (pseudonym), split, bucket
     max_ts: pl.Expr
     events: Settled  # duplicate event ids, settled over all parts
+    source_cuts: pl.DataFrame  # page_view_id, cut_reason: sessions the reader already cut (UserArena)
 
 
 @dataclass
@@ -704,6 +707,7 @@ class Part:
     flags: list[pl.DataFrame]
     no_profile: pl.DataFrame  # first step of each user without a profile
     feed_duplicates: int
+    dropped_events: int  # align.drop_declared
 
 
 def _sessionless_feeds(
@@ -731,12 +735,18 @@ def _first_step_without_profile(steps: pl.DataFrame) -> pl.DataFrame:
 
 
 def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudonymize: Pseudonymizer) -> Part:
-    """Every check and the step alignment of one part's page views; ids stay raw (``key_part``)."""
-    catalog = ctx.catalog
+    """Every check and the step alignment of one part's page views; ids stay raw (``key_part``).
+
+    A rejected event cuts its session (``align.cut_sessions``), in two places: after the row checks
+    (before ordering, in session order) and after the screen checks (which run on what the row cut
+    kept, so their cut lies inside the earlier one's prefix and is the one that holds). A scroll
+    whose distance is not logged takes it from the next kept event, so the last step before a row
+    cut may itself be rejected (``missing_scroll_distance``) and move the cut one step earlier."""
+    catalog, settings = ctx.catalog, ctx.settings
     known = pl.col("_item").is_not_null()
     feeds = feeds.with_columns(catalog.index(feeds["item_id"]).alias("_item"))
-    cards = align.check_feeds(feeds, known, pseudonymize)
-    events = ctx.events.apply(align.map_actions(events, ctx.settings.action_map))
+    cards = align.check_feeds(feeds, known, settings.geometry, pseudonymize)
+    events, dropped = align.drop_declared(ctx.events.apply(align.map_actions(events, settings.action_map)))
     events = events.with_columns(catalog.index(events["item_id"]).alias("_item"))
     checked = align.row_checks(
         events,
@@ -744,23 +754,28 @@ def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudony
         feed_views=cards.rows["page_view_id"].unique(),
         max_ts=ctx.max_ts,
         pseudonymize=pseudonymize,
+        on_bad_event=settings.on_bad_event,
     )
     ordered, order_flags = align.order_events(checked.rows, pseudonymize)
     ordered, after_end = align.drop_after_end(ordered, pseudonymize)
     layout = align.layouts(cards.rows)
     items = catalog.context
-    screens = align.screen_checks(ordered, layout, items, ctx.settings.geometry, pseudonymize)
+    screens = align.screen_checks(
+        ordered, layout, items, settings.geometry, pseudonymize, on_bad_event=settings.on_bad_event
+    )
     steps = align.build_steps(screens.rows, items, ctx.profiles)
     layout, orphans = _sessionless_feeds(layout, steps["page_view_id"].unique(), pseudonymize)
     layout = layout.rename({"page_view_id": "session_id"})
+    cuts = align.session_cuts([ctx.source_cuts, *checked.cuts, *screens.cuts])
     return Part(
         steps=steps,
         layout=layout,
-        sessions=align.build_sessions(steps, layout, items),
+        sessions=align.build_sessions(steps, layout, items, cuts),
         rejects=[*checked.rejects, after_end, *screens.rejects, *cards.rejects, orphans],
-        flags=[order_flags],
+        flags=[order_flags, *cards.flags],
         no_profile=_first_step_without_profile(steps),
         feed_duplicates=cards.duplicates,
+        dropped_events=dropped,
     )
 
 
@@ -960,6 +975,7 @@ def _count(
     rows_out: dict[str, int],
     quarantine: pl.DataFrame,
     duplicates: dict[str, int],
+    dropped: dict[str, int],
 ) -> dict[str, TableCount]:
     per_table = quarantine.group_by("table", "kept").len()
     lookup = {(t, k): n for t, k, n in per_table.iter_rows()}
@@ -970,12 +986,13 @@ def _count(
             quarantined=lookup.get((name, False), 0),
             duplicates=duplicates[name] + reads[name].merged,
             flagged=lookup.get((name, True), 0),
+            dropped=dropped[name],
         )
         for name in OUTPUT_OF
     }
     broken = {name: c for name, c in counts.items() if not c.balanced}
     if broken:
-        raise AccountingError(f"rows in != rows out + quarantined + duplicates for {broken}")
+        raise AccountingError(f"rows in != rows out + quarantined + duplicates + dropped for {broken}")
     return counts
 
 
@@ -987,8 +1004,16 @@ def _read(
     raw: str | Path, source_format: str, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run
 ) -> tuple[Raw, dict[str, int]]:
     if source_format == "userarena":
-        tables, notes = read_userarena(raw, settings.timestamp_unit, pseudonymize)
-        return from_tables(tables, settings, run), notes
+        tables, notes, cuts = read_userarena(
+            raw,
+            settings.timestamp_unit,
+            pseudonymize,
+            on_bad_event=settings.on_bad_event,
+            card_height=settings.geometry.default_card_height,
+        )
+        source = from_tables(tables, settings, run)
+        source.cuts = cuts
+        return source, notes
     if source_format == "bundle":
         return read_pass(check_bundle(raw), settings, pseudonymize, run), {}
     raise ValueError(f"unknown source format {source_format!r}: expected bundle or userarena")
@@ -1002,6 +1027,7 @@ class Totals:
     flags: list[pl.DataFrame] = field(default_factory=list)
     no_profile: list[pl.DataFrame] = field(default_factory=list)
     duplicates: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTPUT_OF, 0))
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTPUT_OF, 0))
 
 
 def prepare(
@@ -1028,7 +1054,8 @@ def prepare(
     totals.rejects += [*rejects, *profiles.rejects, *history.rejects, *events.rejects]
     totals.duplicates["profiles"], totals.duplicates["events"] = profiles.duplicates, events.duplicates
     max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
-    return Context(settings, catalog, align.profile_context(profiles.rows), users, max_ts, events)
+    profile_context = align.profile_context(profiles.rows)
+    return Context(settings, catalog, profile_context, users, max_ts, events, source.cuts)
 
 
 def _history_out(
@@ -1065,6 +1092,7 @@ def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
             totals.flags += part.flags
             totals.no_profile.append(part.no_profile)
             totals.duplicates["feeds"] += part.feed_duplicates
+            totals.dropped["events"] += part.dropped_events
             run.writer.submit(_write_part, part, ctx, keys, run, p)
 
 
@@ -1096,7 +1124,7 @@ def ingest_bundle(
         quarantine = _quarantine([*source.rejects, *totals.rejects], totals.flags)
         run.writer.wait()
         output_rows = {name: run.tables[name].rows for name in WRITE_ORDER}
-        counts = _count(source.reads, output_rows, quarantine, totals.duplicates)
+        counts = _count(source.reads, output_rows, quarantine, totals.duplicates, totals.dropped)
         paths = run.commit(quarantine)
     finally:
         run.discard()

@@ -77,7 +77,10 @@ def fmt_price(e: pl.Expr) -> pl.Expr:
 
 
 def fmt_px(e: pl.Expr) -> pl.Expr:
-    return pl.when(e.is_null()).then(pl.lit("unknown")).otherwise(pl.concat_str(e.cast(STR), pl.lit(" px")))
+    """Twin of ``render.fmt_px``: CSS px as logged, whole ones without a decimal point."""
+    px = e.cast(pl.Float64)
+    text = pl.when(px == px.floor()).then(px.cast(pl.Int64).cast(STR)).otherwise(px.cast(STR))
+    return pl.when(e.is_null()).then(pl.lit("unknown")).otherwise(pl.concat_str(text, pl.lit(" px")))
 
 
 def fmt_gap(seconds: pl.Expr) -> pl.Expr:

@@ -91,11 +91,11 @@ RAW_FEEDS = pa.schema(
     [
         ("page_view_id", pa.string()),
         ("item_id", pa.string()),
-        ("x", pa.int32()),
-        ("y", pa.int32()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("feed_height", pa.int32()),
+        ("x", pa.float64()),  # CSS px, often fractional; optional
+        ("y", pa.float64()),
+        ("width", pa.float64()),  # optional: Geometry.default_card_width when absent
+        ("height", pa.float64()),  # optional: Geometry.default_card_height when absent
+        ("feed_height", pa.float64()),
     ]
 )
 RAW_EVENTS = pa.schema(
@@ -107,9 +107,9 @@ RAW_EVENTS = pa.schema(
         ("screen", pa.string()),  # feed | ipv
         ("action", pa.string()),
         ("item_id", pa.string()),  # clicked card on feed, open item on ipv
-        ("scroll_top", pa.int32()),  # feed offset before the action
-        ("scroll_delta", pa.int32()),  # px moved by a scroll (feed or ipv)
-        ("ipv_scroll", pa.int32()),  # detail-page offset before the action
+        ("scroll_top", pa.float64()),  # feed offset before the action, CSS px
+        ("scroll_delta", pa.float64()),  # px moved by a scroll (feed or ipv)
+        ("ipv_scroll", pa.float64()),  # detail-page offset before the action
         ("review_index", pa.int32()),  # 0-based review opened by ipv_click_comment
         ("ui_state", pa.string()),  # detail-page panels, e.g. "main", "params", "comments"
         ("image", pa.string()),
@@ -136,7 +136,7 @@ RAW_TABLES: dict[str, pa.Schema] = {
 RAW_REQUIRED: dict[str, tuple[str, ...]] = {
     "profiles": ("user_id",),
     "items": ("item_id", "title", "price", "category"),
-    "feeds": ("page_view_id", "item_id", "x", "y", "width", "height", "feed_height"),
+    "feeds": ("page_view_id", "item_id", "y", "feed_height"),  # x, width, height: see align.check_feeds
     "events": ("event_id", "user_id", "page_view_id", "ts", "screen", "action"),
     "history": ("user_id", "ts", "kind", "title"),
 }
@@ -158,13 +158,13 @@ STEPS = pa.schema(
         ("target_item_id", pa.string()),  # click: the opened card
         ("target_title", pa.string()),
         ("review_alias", pa.string()),  # ipv_click_comment: "C1", "C2", ...
-        ("distance", pa.int32()),  # scrolls: px moved, positive
-        ("scroll_top", pa.int32()),  # feed offset before the action
+        ("distance", pa.int32()),  # scrolls: px moved, positive, rounded (align.scroll_distance)
+        ("scroll_top", pa.float64()),  # feed offset before the action, exact CSS px
         ("visible_items", pa.list_(pa.string())),  # feed cards in view, in reading order
         ("visible_source", pa.string()),  # "logged" | "layout"
         ("ipv_item_id", pa.string()),  # detail page open on ipv steps
         ("ipv_item_title", pa.string()),
-        ("ipv_scroll", pa.int32()),
+        ("ipv_scroll", pa.float64()),
         ("ui_state", pa.string()),
         ("profile", PROFILE),
         ("profile_extra", pa.string()),  # JSON object of extra profile columns
@@ -187,10 +187,11 @@ SESSIONS = pa.schema(
         ("feed_steps", pa.int32()),
         ("ended", pa.bool_()),
         ("terminal", pa.string()),
+        ("cut_reason", pa.string()),  # reject reason of the event the session was cut at; null: not cut
         ("categories", pa.list_(pa.string())),  # top categories of clicked items, first-seen order
         ("top_category", pa.string()),  # most clicked top category, else most shown in the first 10 cards
         ("feed_items", pa.int32()),
-        ("feed_height", pa.int32()),
+        ("feed_height", pa.float64()),
         ("profile_missing", pa.bool_()),
         ("split", pa.string()),
         ("bucket", pa.int32()),
@@ -201,11 +202,11 @@ FEED_LAYOUTS = pa.schema(
         ("session_id", pa.string()),
         ("item_id", pa.string()),
         ("rank", pa.int32()),  # reading order: by y then x
-        ("x", pa.int32()),
-        ("y", pa.int32()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("feed_height", pa.int32()),
+        ("x", pa.float64()),  # CSS px; null when the log gave no x
+        ("y", pa.float64()),
+        ("width", pa.float64()),
+        ("height", pa.float64()),
+        ("feed_height", pa.float64()),
         ("bucket", pa.int32()),
     ]
 )

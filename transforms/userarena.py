@@ -11,11 +11,16 @@ Conventions of the release, as read here:
   of the previous row.
 - On detail-page rows ``scroll_top`` is the page offset (``ipv_scroll``).
 - A detail-page excursion (a click and the detail-page rows after it, up to
-  ``back_home``) is dropped whole when it is defective: a click with no detail
+  ``back_home``) is rejected whole when it is defective: a click with no detail
   page after it (``click_without_detail_page``), detail-page rows with no click
   before them (``detail_step_without_page``), detail rows about another product
   than the one clicked (``excursion_product_mismatch``), or a click on an item
-  that is not in the visit's feed catalog (``unpresentable_click``).
+  that is not in the visit's feed catalog (``unpresentable_click``). Like any
+  rejected event it cuts the session (``align.cut_sessions``): the steps before
+  it stay, its first row carries the reason, the rows after it (the rest of the
+  excursion included) leave as ``after_rejected_event``.
+- Card boxes need only ``y``: ``x`` and ``width`` may be absent and a missing
+  ``height`` is the reference's 328 px (``align.check_feeds`` flags each default).
 - Rows carry no timestamps in the release; when a row has none, times are
   synthesised (one second per row, sessions one hour apart, in record order)
   and counted in the summary.
@@ -31,7 +36,8 @@ from pathlib import Path
 
 import polars as pl
 
-from transforms.readers import Pseudonymize, TableRead, coerce, empty_rejects, empty_typed, reject_rows
+from transforms.align import cut_sessions, no_cuts, session_cuts
+from transforms.readers import Pseudonymize, TableRead, coerce, empty_rejects, empty_typed
 from transforms.schemas import PROFILE_FIELDS
 
 EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -84,15 +90,35 @@ def _visits(record: dict) -> list[dict]:
     ]
 
 
+def _px(value: object) -> float | None:
+    try:
+        return float(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _feed_bottom(catalog: list[dict], card_height: float) -> float | None:
+    """A feed's height when the record gives none: the lowest card bottom (boxes without ``y`` left
+    out, a missing height taken as ``card_height``); None when no card can be placed."""
+    bottoms = []
+    for card in catalog:
+        box = card.get("bbox") or {}
+        y, height = _px(box.get("y")), _px(box.get("height"))
+        if y is not None:
+            bottoms.append(y + (card_height if height is None else height))
+    return max(bottoms, default=None)
+
+
 class _Tables:
     """Loose rows of every raw table, collected record by record."""
 
-    def __init__(self) -> None:
+    def __init__(self, card_height: float) -> None:
         self.rows: dict[str, list[dict]] = {
             t: [] for t in ("profiles", "items", "feeds", "events", "history")
         }
         self.context_rows = 0
         self.synthetic_ts = 0
+        self.card_height = card_height  # a box without height (the feed's bottom is then estimated)
 
     def add_record(self, record: dict, rel: str, line: int) -> None:
         user = record.get("visitor_id")
@@ -126,10 +152,7 @@ class _Tables:
                     "_row": line,
                 }
             )
-            height = visit["height"] or max(
-                (c.get("bbox") or {}).get("y", 0) + (c.get("bbox") or {}).get("height", 0)
-                for c in visit["catalog"]
-            )
+            height = visit["height"] or _feed_bottom(visit["catalog"], self.card_height)
             self.rows["feeds"].append(
                 {
                     "page_view_id": _text(visit["pv"]),
@@ -255,14 +278,20 @@ def defective_excursions() -> pl.Expr:
 
 
 def read_userarena(
-    path: str | Path, unit: str = "auto", pseudonymize: Pseudonymize | None = None
-) -> tuple[dict[str, TableRead], dict[str, int]]:
-    """Read release JSONL (file or folder of part files) into raw bundle tables, plus import notes."""
+    path: str | Path,
+    unit: str = "auto",
+    pseudonymize: Pseudonymize | None = None,
+    *,
+    on_bad_event: str = "cut",
+    card_height: float = 328,
+) -> tuple[dict[str, TableRead], dict[str, int], pl.DataFrame]:
+    """Read release JSONL (file or folder of part files) into raw bundle tables, import notes, and
+    the sessions cut at a defective excursion (``page_view_id``, ``cut_reason``)."""
     path = Path(path)
     files = sorted(p for p in path.rglob("*.jsonl*") if p.is_file()) if path.is_dir() else [path]
     if not files or not all(f.exists() for f in files):
         raise FileNotFoundError(f"no UserArena JSONL at {path}")
-    collected, bad = _Tables(), []
+    collected, bad = _Tables(card_height), []
     for file in files:
         rel = file.name
         data = file.read_bytes()
@@ -286,17 +315,20 @@ def read_userarena(
                         "payload": None,
                     }
                 )
-    return _tables(collected, bad, unit, pseudonymize), {
+    tables, cuts = _tables(collected, bad, unit, pseudonymize, on_bad_event)
+    notes = {
         "records_unparseable": len(bad),
         "context_rows": collected.context_rows,
         "synthetic_timestamps": collected.synthetic_ts,
     }
+    return tables, notes, cuts
 
 
 def _tables(
-    collected: _Tables, bad: list[dict], unit: str, pseudonymize: Pseudonymize | None
-) -> dict[str, TableRead]:
+    collected: _Tables, bad: list[dict], unit: str, pseudonymize: Pseudonymize | None, on_bad_event: str
+) -> tuple[dict[str, TableRead], pl.DataFrame]:
     tables: dict[str, TableRead] = {}
+    cuts = no_cuts()
     for name, rows in collected.rows.items():
         loose = _frame(rows)
         merged = 0
@@ -313,7 +345,9 @@ def _tables(
             continue
         extra_rejects = empty_rejects()
         if name == "events":
-            loose, extra_rejects = _drop_defective(loose, collected.rows["feeds"], pseudonymize)
+            loose, extra_rejects, cuts = _cut_at_defects(
+                loose, collected.rows["feeds"], pseudonymize, on_bad_event
+            )
         typed, rejects, naive = coerce(loose.drop("_step", strict=False), name, unit, pseudonymize)
         tables[name] = TableRead(
             name, typed, pl.concat([extra_rejects, rejects]), len(rows), naive_timestamps=naive, merged=merged
@@ -322,12 +356,15 @@ def _tables(
         events = tables["events"]
         events.rejects = pl.concat([events.rejects, pl.DataFrame(bad, schema=empty_rejects().schema)])
         events.rows_in += len(bad)
-    return tables
+    return tables, cuts
 
 
-def _drop_defective(
-    events: pl.DataFrame, feed_rows: list[dict], pseudonymize: Pseudonymize | None
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _cut_at_defects(
+    events: pl.DataFrame, feed_rows: list[dict], pseudonymize: Pseudonymize | None, on_bad_event: str
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The first row of a defective excursion (before the session's ``end``) cuts the session like
+    any rejected event (``align.cut_sessions``): it leaves with the excursion's reason, what follows
+    it as ``after_rejected_event`` (or the whole session, ``on_bad_event = "drop_session"``)."""
     presentable = (
         pl.DataFrame(
             {
@@ -342,13 +379,13 @@ def _drop_defective(
     tagged = (
         events.join(presentable, on=["page_view_id", "item_id"], how="left")
         .with_columns(pl.col("_in_feed").fill_null(False))
-        .sort("_file", "_row", "_step")
-        .with_columns(defective_excursions().alias("_reason"))
+        .sort("page_view_id", "_file", "_row", "_step")  # grouped by view, in trajectory order
+        .with_columns(
+            defective_excursions().alias("_why"),
+            pl.concat_str(pl.lit("trajectory step "), pl.col("_step").cast(pl.String)).alias("_why_detail"),
+        )
     )
-    bad = tagged.filter(pl.col("_reason").is_not_null())
-    good = tagged.filter(pl.col("_reason").is_null()).drop("_reason", "_in_feed")
-    if bad.height == 0:
-        return good, empty_rejects()
-    detail = pl.concat_str(pl.lit("trajectory step "), pl.col("_step").cast(pl.String))
-    rows = bad.drop("_reason", "_in_feed", "_step")
-    return good, reject_rows("events", rows, bad["_reason"], bad.select(detail).to_series(), pseudonymize)
+    if tagged["_why"].null_count() == tagged.height:
+        return tagged.drop("_why", "_why_detail", "_in_feed"), empty_rejects(), no_cuts()
+    checked = cut_sessions(tagged, on_bad_event, pseudonymize)
+    return checked.rows.drop("_in_feed"), pl.concat(checked.rejects), session_cuts(checked.cuts)

@@ -345,8 +345,15 @@ def sessions_suite(settings: IngestSettings) -> TableSuite:
             "buy_means_purchase",
             "terminal",
             ["purchase"],
-            "a session with a buy ends as purchase",
-            when=[("buys", ">", 0)],
+            "a session with a buy ends as purchase (unless ingest cut it)",
+            when=[("buys", ">", 0), ("cut_reason", "null", None)],
+        ),
+        in_set(
+            "cut_is_truncated",
+            "terminal",
+            ["truncated"],
+            "a session cut at a rejected event ends truncated",
+            when=[("cut_reason", "not_null", None)],
         ),
         between(
             "cart_only_has_cart",
@@ -364,7 +371,8 @@ def sessions_suite(settings: IngestSettings) -> TableSuite:
 
 def feed_layouts_suite(settings: IngestSettings) -> TableSuite:
     keys = ("session_id", "item_id")
-    required = ("session_id", "item_id", "rank", "x", "y", "width", "height", "feed_height", "bucket")
+    # x may be unknown: logged boxes need only y and height (align.check_feeds)
+    required = ("session_id", "item_id", "rank", "y", "width", "height", "feed_height", "bucket")
     inside = Helper(
         "_card_inside_feed",
         lambda: (pl.col("y") + pl.col("height") <= pl.col("feed_height")).fill_null(False),

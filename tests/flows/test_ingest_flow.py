@@ -21,6 +21,7 @@ def test_ingest_flow_writes_lake_catalog_and_summary(prefect_harness, tmp_path):
         "quarantined": 0,
         "duplicates": 0,
         "flagged": 0,
+        "dropped": 0,
     }
     assert read_table(lake, "steps").height == 9
     assert query(lake, "SELECT count(*) AS n FROM sessions")["n"][0] == 1

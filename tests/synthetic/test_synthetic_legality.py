@@ -48,7 +48,9 @@ def test_feed_scrolls_stay_inside_the_feed(events, small_bundle):
     heights = small_bundle.feeds.group_by("page_view_id").agg(pl.col("feed_height").first())
     scrolls = events.filter(pl.col("action").is_in(["scroll_down", "scroll_up"])).join(heights, on="page_view_id")
     max_offset = pl.col("feed_height") - FEED_VIEWPORT
-    assert scrolls["scroll_delta"].is_between(1, MAX_FEED_SCROLL).all()
+    # logged in fractional px: the action distance is the nearest whole px (halves up), 1..694
+    assert (scrolls["scroll_delta"] + 0.5).floor().is_between(1, MAX_FEED_SCROLL).all()
+    assert (scrolls["scroll_delta"] <= MAX_FEED_SCROLL).all()
     down = scrolls.filter(pl.col("action") == "scroll_down")
     up = scrolls.filter(pl.col("action") == "scroll_up")
     assert down.select((pl.col("scroll_top") + pl.col("scroll_delta") <= max_offset).all()).item()
@@ -145,3 +147,19 @@ def test_swipes_do_not_wrap_and_conversions_once_per_visit(events):
     )
     assert per_visit["swipes"].max() <= 8  # at most 9 pictures per item, no wrap
     assert per_visit["carts"].max() <= 1 and per_visit["buys"].max() <= 1
+
+
+def test_fractional_pixels_are_logged_and_ingest_clean(written, tmp_path):
+    from transforms.ingest import ingest_bundle
+    from transforms.lake import read_table
+
+    raw = written["parquet"]
+    events = pl.read_parquet(raw / "events")
+    feeds = pl.read_parquet(raw / "feeds")
+    assert (events["scroll_top"] % 1 != 0).any() and (feeds["height"] % 1 != 0).any()
+    result = ingest_bundle(raw, tmp_path / "lake")
+    # a legal log loses nothing: every event a step, every card in a layout, no quarantine row
+    assert result.quarantine_by_reason == {} and result.flagged_by_reason == {}
+    assert result.counts["events"].rows_out == events.height and result.counts["feeds"].rows_out == feeds.height
+    steps = read_table(tmp_path / "lake", "steps")
+    assert steps["scroll_top"].dtype == pl.Float64 and (steps["scroll_top"] % 1 != 0).any()

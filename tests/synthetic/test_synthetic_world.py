@@ -8,7 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from synthetic.behaviour import BehaviourParams
 from synthetic.bundle import write_bundle
+from synthetic.feeds import FeedParams
 from synthetic.world import World
 
 TRAITS = ("patience", "price_sensitivity", "price_level", "review_propensity", "purchase_propensity",
@@ -93,8 +95,11 @@ def test_treatment_policy_lifts_click_through():
 
 def test_feeds_are_two_column_masonry(small_bundle):
     feeds = small_bundle.feeds
-    assert set(feeds["x"]) == {4, 203} and set(feeds["width"]) == {195}
-    assert feeds["height"].is_between(250, 380).all()
+    # fractional CSS px by default: 196.5 px columns at 4.5 and 205.5 (4.5 + 196.5 + 4.5 = 205.5;
+    # 205.5 + 196.5 = 402, the screen), heights of 250..380 px plus a quarter px step
+    assert set(feeds["x"]) == {4.5, 205.5} and set(feeds["width"]) == {196.5}
+    assert feeds["height"].is_between(250, 380.75).all()
+    assert set((feeds["height"] % 1).unique()) == {0.0, 0.25, 0.5, 0.75}
     per = feeds.group_by("page_view_id").agg(
         pl.len().alias("n"), pl.col("feed_height").n_unique().alias("heights"),
         (pl.col("y") + pl.col("height")).max().alias("bottom"), pl.col("feed_height").first(),
@@ -106,3 +111,18 @@ def test_feeds_are_two_column_masonry(small_bundle):
         (pl.col("y") + pl.col("height")).shift().over("page_view_id", "x").alias("above_bottom"))
     assert (ordered["y"] >= ordered["above_bottom"]).drop_nulls().all()
     assert np.all(small_bundle.feeds["feed_height"].to_numpy() > 693)
+
+
+def test_whole_px_feeds_on_request():
+    # the option turns fractions off: the layout of whole px, and the rest of the world unchanged
+    fractional = World.build(60, 5).simulate(seed=5)
+    whole_px = BehaviourParams(feed=FeedParams(fractional_px=False))
+    whole = World.build(60, 5, whole_px).simulate(seed=5)
+    assert set(whole.feeds["x"]) == {4, 203} and set(whole.feeds["width"]) == {195}
+    assert (whole.feeds["height"] % 1 == 0).all() and (whole.feeds["feed_height"] % 1 == 0).all()
+    assert (whole.events["scroll_top"].drop_nulls() % 1 == 0).all()
+    # a spawned generator draws the fractions: same cards in the same order either way
+    assert whole.feeds["item_id"].equals(fractional.feeds["item_id"])
+    # and the heights differ by under one px: the fraction is added to the same whole height
+    gap = fractional.feeds["height"] - whole.feeds["height"]
+    assert gap.is_between(0, 0.75).all() and (gap > 0).any()

@@ -163,9 +163,12 @@ def reference_open_items(events: pl.DataFrame) -> tuple[dict[int, str], dict[int
 @pytest.mark.parametrize("seed", range(6))
 def test_the_open_detail_page_stays_inside_its_view(seed):
     events = detail_page_events(seed)
-    kept, rejected = align._detail_page_legality(events, ITEMS, None, None)
+    # the state and verdict of every row (the cut that follows a rejection is tested elsewhere)
+    stated, reason = align._detail_page_legality(events, ITEMS)
+    tagged = stated.with_columns(reason.alias("reason"))
+    kept, rejected = tagged.filter(pl.col("reason").is_null()), tagged.filter(pl.col("reason").is_not_null())
     expected_open, expected_reasons = reference_open_items(events)
-    assert dict(rejected.select("source_row", "reason").iter_rows()) == expected_reasons
+    assert dict(rejected.select("_row", "reason").iter_rows()) == expected_reasons
     opened = kept.filter(pl.col("screen") == "ipv").select("_row", "_open")
     assert dict(opened.iter_rows()) == expected_open
     rows = kept.filter(pl.col("screen") == "ipv").select("_open", pl.col("_open_item").cast(pl.Int64) + 1)

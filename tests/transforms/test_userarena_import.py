@@ -79,12 +79,23 @@ DEFECTS = {
         {"step_type": "feed", "action": "end", "scroll_top": 0},
     ],
 }  # fmt: skip
+UNPRESENTABLE = {
+    "session_id": "pv-U4", "visitor_id": "vis-4", "user_info": PROFILE, "feed_catalog": catalog(1, 2, 3, 4),
+    "feed_long_image": {"height": FEED_HEIGHT},
+    "trajectory": [
+        {"step_type": "feed", "action": "scroll_down", "scroll_top": 0, "scroll_delta_px": 100},
+        {"step_type": "feed", "action": "click", "clicked_item_id": "itm-7", "scroll_top": 100},
+        {"step_type": "ipv", "action": "back_home", "item_id": "itm-7"},
+        {"step_type": "feed", "action": "end", "scroll_top": 100},
+    ],
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> tuple[Path, object]:
     root = tmp_path_factory.mktemp("userarena")
-    lines = [json.dumps(r) for r in (SINGLE, CROSS, DEFECTS)] + ['{"session_id": "pv-bad", "trajectory": [']
+    records = (SINGLE, CROSS, DEFECTS, UNPRESENTABLE)
+    lines = [json.dumps(r) for r in records] + ['{"session_id": "pv-bad", "trajectory": [']
     (root / "release.jsonl").write_text("\n".join(lines) + "\n")
     result = ingest_bundle(root / "release.jsonl", root / "lake", source_format="userarena")
     return root / "lake", result
@@ -106,9 +117,13 @@ def steps_of(lake: Path, pv: str) -> pl.DataFrame:
 def test_single_session_record(imported):
     lake, _ = imported
     steps = steps_of(lake, "pv-U1")
-    # the context row is not an action; the click on itm-8 is followed by `end`, never a detail page
-    assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home", "end"]
-    assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv", "feed"]
+    # the context row is not an action; the click on itm-8 is followed by `end`, never a detail page:
+    # that click is rejected, so the session is cut before it (its `end` is never stitched on)
+    assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home"]
+    assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv"]
+    session = read_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U1"))
+    cut = ("truncated", "click_without_detail_page", 4)
+    assert session.select("terminal", "cut_reason", "length").row(0) == cut
     assert steps["visible_items"][0].to_list() == item_keys(1, 2, 3, 4)
     assert steps["target_item_id"][1] == item_keys(5)[0] and steps["target_title"][1] == "Linen shirt 5"
     assert steps["distance"][0] == 400 and steps["ui_state"][2] == "main"
@@ -125,7 +140,16 @@ def test_cross_session_record(imported):
     assert steps["review_alias"][3] == "C1" and steps["distance"][0] == 400
     sessions = read_table(lake, "sessions")
     assert sessions.filter(pl.col("session_id") == session_key("pv-C2"))["terminal"][0] == "purchase"
-    assert sessions["user_id"].n_unique() == 3
+    # pv-C2 is whole; pv-U1 and pv-U4 are cut; pv-C1 and pv-U3 are cut at their first row: no steps
+    assert sessions["cut_reason"].is_null().sum() == 1 and sessions.height == 3
+    assert sessions["user_id"].n_unique() == 3  # vis-1, vis-2, vis-4 (vis-3 kept no step)
+
+
+def test_a_defective_excursion_cuts_its_session(imported):
+    lake, _ = imported
+    assert steps_of(lake, "pv-U4")["action"].to_list() == ["scroll_down"]  # not scroll_down, end
+    session = read_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U4"))
+    assert session.select("terminal", "cut_reason").row(0) == ("truncated", "unpresentable_click")
 
 
 def test_items_prices_and_history(imported):
@@ -139,19 +163,20 @@ def test_items_prices_and_history(imported):
 
 def test_defective_excursions_are_quarantined_with_reasons(imported):
     _, result = imported
+    # the first row of a defective excursion carries its reason; it cuts the session, so every
+    # row after it (the rest of the excursion too) is after_rejected_event
     assert result.quarantine_by_reason == {
         "click_without_detail_page": 1,  # pv-U1: click on itm-8, then end
-        "excursion_product_mismatch": 3,  # pv-C1: click itm-2, detail rows about itm-3 (buy, end)
+        "excursion_product_mismatch": 1,  # pv-C1: click itm-2, detail rows about itm-3 (buy, end)
         "detail_step_without_page": 1,  # pv-U3: detail row before any click
-        "unpresentable_click": 2,  # pv-U3: itm-7 is not in that visit's catalog (click + back_home)
+        "unpresentable_click": 1,  # pv-U4: itm-7 is not in that visit's catalog (click + back_home)
         "unparseable_row": 1,  # the truncated last line
-        "session_without_actions": 4,  # pv-C1's four feed cards: no action of pv-C1 survived
+        # pv-U1: end; pv-C1: ipv_buy, end; pv-U3: click, back_home, end; pv-U4: back_home, end
+        "after_rejected_event": 1 + 2 + 3 + 2,
+        "session_without_actions": 8,  # four feed cards each of pv-C1 and pv-U3: no action survived
     }
     events = result.counts["events"]
-    assert (events.rows_in, events.rows_out, events.quarantined) == (
-        20,
-        12,
-        8,
-    )  # 6 + 9 + 4 actions + 1 bad line
+    # in: 6 + 9 + 4 + 4 actions + 1 bad line; out: pv-U1's 4 steps before the cut, pv-C2's 6, pv-U4's 1
+    assert (events.rows_in, events.rows_out, events.quarantined) == (24, 11, 13)
     assert all(c.balanced for c in result.counts.values())
-    assert result.notes["context_rows"] == 1 and result.notes["synthetic_timestamps"] == 19
+    assert result.notes["context_rows"] == 1 and result.notes["synthetic_timestamps"] == 23

@@ -45,6 +45,10 @@ INGEST_REASONS = {
     "page_view_user_conflict",
     "event_after_end",
     "scroll_distance_out_of_range",
+    "after_rejected_event",
+    "dropped_with_session",
+    "defaulted_geometry",
+    "non_finite_offset",
 }
 
 
@@ -90,7 +94,7 @@ def test_fault(fault: Fault, tmp_path: Path):
     assert {t for _, t in [*rejected, *flagged]} <= INGEST_REASONS
     assert {t: c.duplicates for t, c in result.counts.items() if c.duplicates} == fault.duplicates
     for table, c in result.counts.items():  # never silent loss
-        assert c.rows_in == c.rows_out + c.quarantined + c.duplicates, table
+        assert c.rows_in == c.rows_out + c.quarantined + c.duplicates + c.dropped, table
     assert read_table(lake, "steps").height == fault.steps
     if fault.check:
         fault.check(lake)

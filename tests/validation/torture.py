@@ -522,17 +522,17 @@ FAULTS: tuple[Fault, ...] = (
     # --- events
     Fault(
         "unknown_action",
-        "e11 action 'dance'",
+        "e11 action 'dance'; pv3 is cut after e10, so e12 (its end) follows as after_rejected_event",
         _events(_set("e11", action="dance")),
-        {("events", "unknown_action"): 1},
-        steps=11,
+        {("events", "unknown_action"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "illegal_action_on_screen",
-        "e11 is ipv_cart on the feed",
+        "e11 is ipv_cart on the feed; pv3 is cut after e10, so e12 (its end) follows as after_rejected_event",
         _events(_set("e11", action="ipv_cart")),
-        {("events", "illegal_action_on_screen"): 1},
-        steps=11,
+        {("events", "illegal_action_on_screen"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "missing_required_field",
@@ -557,24 +557,29 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "page_view_two_users",
-        "e11 claims user u1 although pv3 belongs to u3",
+        "e11 claims user u1 although pv3 belongs to u3; pv3 is cut after e10, so e12 (its end) follows as after_rejected_event",
         _events(_set("e11", user_id="u1")),
-        {("events", "page_view_user_conflict"): 1},
-        steps=11,
+        {("events", "page_view_user_conflict"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "negative_scroll_offset",
-        "e11 at scroll_top -50",
+        "e11 at scroll_top -50; pv3 is cut after e10, so e12 (its end) follows as after_rejected_event",
         _events(_set("e11", scroll_top=-50)),
-        {("events", "negative_offset"): 1},
-        steps=11,
+        {("events", "negative_offset"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "scroll_distance_out_of_range",
-        "e10 scrolls 5000 px (max 694)",
+        "e10 scrolls 5000 px (max 694): pv3 is cut at its first event, so e11 and e12 follow as "
+        "after_rejected_event and its six feed cards as session_without_actions",
         _events(_set("e10", scroll_delta=5000)),
-        {("events", "scroll_distance_out_of_range"): 1},
-        steps=11,
+        {
+            ("events", "scroll_distance_out_of_range"): 1,
+            ("events", "after_rejected_event"): 2,
+            ("feeds", "session_without_actions"): 6,
+        },
+        steps=9,
     ),
     Fault(
         "event_after_end",
@@ -587,33 +592,36 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "back_home_loop_no_detail",
-        "two ipv back_home in pv3 with no detail page ever opened",
+        "two ipv back_home in pv3 with no detail page ever opened: the first cuts pv3 after e10; the "
+        "second, e11 and e12 follow as after_rejected_event",
         _events(
             _insert(
                 _event("e10a", "u3", "pv3", 7203, "ipv", "back_home"),
                 _event("e10b", "u3", "pv3", 7206, "ipv", "back_home"),
             )
         ),
-        {("events", "ipv_without_open_item"): 2},
-        steps=CLEAN_STEPS,
+        {("events", "ipv_without_open_item"): 1, ("events", "after_rejected_event"): 3},
+        steps=10,
     ),
     Fault(
         "ipv_without_open_item",
-        "a detail-page scroll in pv3 with no click before it",
+        "a detail-page scroll in pv3 with no click before it: pv3 is cut after e10, e11 and e12 follow "
+        "as after_rejected_event",
         _events(
             _insert(
                 _event("e10a", "u3", "pv3", 7203, "ipv", "ipv_scroll_down", ipv_scroll=0, scroll_delta=100)
             )
         ),
-        {("events", "ipv_without_open_item"): 1},
-        steps=CLEAN_STEPS,
+        {("events", "ipv_without_open_item"): 1, ("events", "after_rejected_event"): 2},
+        steps=10,
     ),
     Fault(
         "click_target_not_visible",
-        "pv3 clicks i6 at offset 200, where only i3, i4 are visible",
+        "pv3 clicks i6 at offset 200, where only i3, i4 are visible: pv3 is cut after e10, e11 and e12 "
+        "follow as after_rejected_event",
         _u3_extra_click,
-        {("events", "click_target_not_visible"): 1},
-        steps=CLEAN_STEPS,
+        {("events", "click_target_not_visible"): 1, ("events", "after_rejected_event"): 2},
+        steps=10,
     ),
     # --- catalog, feeds, profiles
     Fault(

@@ -73,16 +73,16 @@ class DetailPage(BaseModel):
     category: str | None = None  # "L1-L2-L3"
     params: list[Param] = []
     reviews: list[str | None] = []
-    scroll: int | None = None  # page offset in px
-    max_scroll: int | None = None  # page height - viewport, where the page's layout is known
+    scroll: float | None = None  # page offset in CSS px
+    max_scroll: float | None = None  # page height - viewport, where the page's layout is known
     ui_state: str | None = None  # open panel: main | params | comments ...
     done: dict[str, int] = {}  # ipv actions already taken in this visit -> count
 
 
 class Observation(BaseModel):
     screen: Literal["feed", "ipv"]
-    scroll_top: int | None = None  # feed offset (kept while on ipv)
-    max_scroll: int | None = None  # feed height - viewport
+    scroll_top: float | None = None  # feed offset in CSS px (kept while on ipv)
+    max_scroll: float | None = None  # feed height - viewport
     cards: list[Card] = []  # feed cards in view, reading order
     page: DetailPage | None = None
 
@@ -125,8 +125,11 @@ def fmt_price(price: float | None) -> str:
     return f"{cents // 100}.{cents % 100:02d}"
 
 
-def fmt_px(value: int | None) -> str:
-    return "unknown" if value is None else f"{value} px"
+def fmt_px(value: float | None) -> str:
+    """CSS px as logged (often fractional), whole ones without a decimal point: 400 px, 331.4 px."""
+    if value is None:
+        return "unknown"
+    return f"{int(value)} px" if float(value).is_integer() else f"{float(value)} px"
 
 
 def fmt_gap(seconds: float) -> str:
