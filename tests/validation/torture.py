@@ -475,6 +475,16 @@ FAULTS: tuple[Fault, ...] = (
         check=_ts_as_clean,
     ),
     Fault(
+        "unreadable_timestamp",
+        "e11's ts is 'yesterday' (JSONL): rejected by the reader, it cuts pv3 at its place in the "
+        "source, after e10, so e12 (its end) follows as after_rejected_event",
+        lambda r: _raw_events(
+            r, lambda d, rows: write_jsonl(d / "part-0.jsonl", _set("e11", ts="yesterday")(rows))
+        ),
+        {("events", "schema_mismatch"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
+    ),
+    Fault(
         "epoch_milliseconds",
         "ts as integer epoch ms (JSONL)",
         lambda r: _raw_events(r, lambda d, rows: write_jsonl(d / "part-0.jsonl", _epoch(rows, 1000))),
