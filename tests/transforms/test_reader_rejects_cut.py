@@ -210,3 +210,25 @@ def test_place_reader_rejects_orders_an_undated_row_before_the_events_after_it()
         ("w", 4, "missing_required_field"),
     ]
     assert placed["ts"].to_list() == [at(10), None]
+
+
+def test_a_mistyped_event_in_one_of_several_small_files_cuts_its_session(tmp_path):
+    # session A over two Parquet files of one schema (scroll_top as text in both), read as one
+    # chunk: part-0 holds rows 0..3, part-1 rows 4..8, and part-1's row 0 (ev-4) is 'abc'
+    root = write_bundle(tiny_bundle(), tmp_path / "raw", "parquet")
+    events = pl.read_parquet(root / "events" / "part-0.parquet").with_columns(
+        pl.col("scroll_top").cast(pl.String)
+    )
+    (root / "events" / "part-0.parquet").unlink()
+    events.head(4).write_parquet(root / "events" / "part-0.parquet")
+    events.slice(4).write_parquet(root / "events" / "part-1.parquet")
+    spoil(root / "events" / "part-1.parquet", 0, "scroll_top", "abc")
+    result = ingest_bundle(root, tmp_path / "lake")
+    lake = tmp_path / "lake"
+    assert all(c.balanced for c in result.counts.values())
+    assert actions(lake) == FIRST_FOUR
+    rows = read_table(lake, "quarantine").filter(~pl.col("kept")).sort("source_file", "source_row")
+    assert rows.select("source_file", "source_row", "reason").rows() == [
+        ("events/part-1.parquet", 0, "schema_mismatch"),
+        *[("events/part-1.parquet", n, "after_rejected_event") for n in range(1, 5)],
+    ]
