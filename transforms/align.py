@@ -225,9 +225,13 @@ def drop_declared(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
 # ``after_rejected_event`` (``on_bad_event = "cut"``); or every event of the session is
 # quarantined ``dropped_with_session`` (``"drop_session"``). Duplicates merged and kept flags
 # never cut; nor does the later copy of a conflicting event id (the id's first copy stays).
+# An events row the reader rejected (``readers.rejected_event_marks``) cuts like any other
+# (``place_reader_rejects``), but it was quarantined once already, under its own reason: a row
+# marked ``_already_quarantined`` cuts and leaves no second quarantine row.
 
 AFTER_REJECTED = "after_rejected_event"
 DROPPED_WITH_SESSION = "dropped_with_session"
+ALREADY_QUARANTINED = "_already_quarantined"
 
 
 def _cum_in_view(expr: pl.Expr) -> pl.Expr:
@@ -277,8 +281,13 @@ def cut_sessions(tagged: pl.DataFrame, on_bad_event: str, pseudonymize: Pseudony
         if on_bad_event == "cut"
         else no_cuts()
     )
+    if ALREADY_QUARANTINED in marked.columns:  # the reasons read the whole view, these rows included
+        marked = marked.with_columns(reason.alias("_cut_why"), detail.alias("_cut_detail"))
+        marked = marked.filter(pl.col(ALREADY_QUARANTINED).is_null())
+        reason, detail = pl.col("_cut_why"), pl.col("_cut_detail")
     rows, rejects = split_by_reason(marked, reason, "events", detail, pseudonymize)
-    return Checked(rows.drop("_why", "_why_detail", "_at_cut"), [rejects], cuts=[cuts])
+    helpers = ["_why", "_why_detail", "_at_cut", ALREADY_QUARANTINED, "_cut_why", "_cut_detail"]
+    return Checked(rows.drop(helpers, strict=False), [rejects], cuts=[cuts])
 
 
 def no_cuts() -> pl.DataFrame:
@@ -302,28 +311,79 @@ def _split_and_cut(
     *,
     order: list[str] | None,
     pseudonymize: Pseudonymize | None,
+    reader_rejected: pl.DataFrame | None = None,
 ) -> Checked:
     """``reason`` per row, then ``cut_sessions`` on the page views with a rejection. ``order``: the
-    session order to sort those views' rows by (None: ``frame`` is grouped and ordered already)."""
+    session order to sort those views' rows by (None: ``frame`` is grouped and ordered already);
+    ``reader_rejected``: ``place_reader_rejects`` rows, which join their views' rows to cut them
+    (with ``order`` only)."""
     reasons = frame.select(reason.alias("_why")).to_series()
-    if reasons.null_count() == frame.height:  # the common case: nothing rejected, nothing to cut
+    no_reader_rejects = reader_rejected is None or reader_rejected.height == 0
+    if reasons.null_count() == frame.height and no_reader_rejects:  # the common case: nothing to cut
         return Checked(frame)
     tagged = frame.with_columns(reasons)
     if order is not None:  # the rows go on in the order they came
         tagged = tagged.with_row_index("_seq")
-    rejected_views = tagged.filter(pl.col("_why").is_not_null())["page_view_id"].unique()
-    hit = pl.col("page_view_id").is_in(rejected_views.implode())
+    rejected_views = tagged.filter(pl.col("_why").is_not_null())["page_view_id"]
+    if not no_reader_rejects:
+        rejected_views = pl.concat([rejected_views, reader_rejected["page_view_id"]])
+    hit = pl.col("page_view_id").is_in(rejected_views.unique().implode())
     affected = tagged.filter(hit).with_columns(detail.alias("_why_detail"))
+    if not no_reader_rejects:
+        affected = pl.concat([affected, reader_rejected], how="diagonal_relaxed")
     if order is not None:
-        # ties rejected first: a row that cannot be told apart from a rejected one is not kept
+        # ties rejected first: a row that cannot be told apart from a rejected one is not kept; a
+        # reader-rejected row whose place is after every event (null ``ts``) sorts last
         affected = affected.with_columns(pl.col("_why").is_null().alias("_passed"))
-        affected = affected.sort("page_view_id", *order, "_passed").drop("_passed")
+        affected = affected.sort("page_view_id", *order, "_passed", nulls_last=True).drop("_passed")
     checked = cut_sessions(affected, on_bad_event, pseudonymize)
     # each view lies wholly in one of the two, so the rows of a view stay together, in order
     checked.rows = pl.concat([tagged.filter(~hit).drop("_why"), checked.rows])
     if order is not None:
         checked.rows = checked.rows.sort("_seq").drop("_seq")
     return checked
+
+
+def place_reader_rejects(rejected: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """Reader-rejected events rows (``readers.rejected_event_marks``, actions mapped) as rows that
+    cut their sessions (``_why`` their reader reason, ``ALREADY_QUARANTINED``), placed in session
+    order (ts, then source order) among ``events``, the part's events before the row checks.
+
+    A row whose ``ts`` was read stands at that ``ts`` (ties by source order, as for any event). A
+    row whose ``ts`` is unreadable stands at its source position (``_file``, ``_row``) among its
+    view's events: it takes the earliest ``ts`` of the events after it in the source, so it sorts
+    before all of them (ties by source order) and no event that followed it in the source is kept
+    before the cut, even where the source is not in time order; with none after it, it sorts last
+    (the session is still cut, truncated, unless it had ended already). A row without a readable
+    ``page_view_id`` belongs to no session and never comes here (``ingest.Raw``). Rows whose action
+    ``action_map`` declares irrelevant (``drop``) cut nothing, as such events never do; nor do
+    rows of views with no event in ``events``: there is no session to cut."""
+    view = pl.col("page_view_id")
+    near = events.filter(view.is_in(rejected["page_view_id"].unique().implode()))
+    present = view.is_in(near["page_view_id"].unique().implode())
+    rejected = rejected.filter(present & pl.col("action").ne_missing(DROP_ACTION))
+    undated = rejected.filter(pl.col("ts").is_null())
+    if undated.height:
+        source = pl.concat(
+            [
+                near.select(
+                    "page_view_id", "ts", "_file", "_row", pl.lit(None, dtype=pl.String).alias("reason")
+                ),
+                undated.select("page_view_id", "ts", "_file", "_row", "reason"),
+            ]
+        ).sort("page_view_id", "_file", "_row")
+        # the suffix minimum of the events' ts, carried back onto the undated rows before them
+        after = pl.col("ts").cum_min(reverse=True).backward_fill().over("page_view_id")
+        undated = source.with_columns(after.alias("ts")).filter(pl.col("reason").is_not_null())
+        rejected = pl.concat([rejected.filter(pl.col("ts").is_not_null()).drop("action"), undated])
+    return rejected.select(
+        "page_view_id",
+        "ts",
+        "_file",
+        "_row",
+        pl.col("reason").alias("_why"),
+        pl.lit(True).alias(ALREADY_QUARANTINED),
+    )
 
 
 def dedupe_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
@@ -338,12 +398,15 @@ def row_checks(
     max_ts: pl.Expr,
     pseudonymize: Pseudonymize,
     on_bad_event: str = "cut",
+    reader_rejected: pl.DataFrame | None = None,
 ) -> Checked:
     """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership; a
     rejection cuts its session (``cut_sessions``, in session order: ts, then source order).
 
     ``events`` have their actions mapped and duplicate ids settled (``map_actions``, ``dedupe_events``);
-    ``in_catalog`` is true where ``item_id`` passed the catalog checks.
+    ``in_catalog`` is true where ``item_id`` passed the catalog checks; ``reader_rejected``: the rows
+    the reader rejected (``readers.rejected_event_marks``, actions mapped), which cut their sessions
+    where they stood (``place_reader_rejects``) without being quarantined again.
     """
     action, screen = pl.col("action"), pl.col("screen")
     needs_item = action.eq("click") | screen.eq("ipv")
@@ -382,6 +445,9 @@ def row_checks(
         .when(screen.eq("feed") & pl.col("scroll_top").is_null() & action.is_in(ACTIONS))
         .then(pl.lit("required field is null: scroll_top (feed events)"))
     )
+    placed = None
+    if reader_rejected is not None and reader_rejected.height:  # the common case: none
+        placed = place_reader_rejects(reader_rejected, events)
     return _split_and_cut(
         events,
         reason,
@@ -389,6 +455,7 @@ def row_checks(
         on_bad_event,
         order=["ts", "_file", "_row"],
         pseudonymize=pseudonymize,
+        reader_rejected=placed,
     )
 
 

@@ -61,6 +61,7 @@ from transforms.readers import (
     empty_typed,
     estimated_rows,
     file_format,
+    no_event_marks,
     read_tables,
     reject_rows,
     table_files,
@@ -266,9 +267,14 @@ class Raw:
     # set when the feeds are read in place in pass 2 instead of spilled (``FeedsInPlace``)
     feeds_in_place: FeedsInPlace | None = None
     cuts: pl.DataFrame = field(default_factory=align.no_cuts)  # sessions the reader cut (UserArena)
+    # per part, where the events rows the reader rejected stood (``readers.rejected_event_marks``):
+    # in the part of their page view, whose session they cut in pass 2
+    rejected_events: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
 
     def add(self, chunk: TableRead) -> None:
         self.count(chunk)
+        if chunk.name == "events":
+            self._keep_marks(chunk.rejected_events)
         frame = chunk.frame
         if frame.width == 0 or frame.height == 0:
             return
@@ -294,15 +300,31 @@ class Raw:
         self.rejects.append(chunk.rejects)
 
     def _spill_parts(self, table: str, frame: pl.DataFrame) -> None:
+        for part, rows in self._by_part(frame):
+            self.spill.add(table, part, rows)
+
+    def _keep_marks(self, marks: pl.DataFrame) -> None:
+        """A mark without a readable page view belongs to no session: it has nothing to cut."""
+        for part, rows in self._by_part(marks.filter(pl.col("page_view_id").is_not_null())):
+            self.rejected_events.setdefault(part, []).append(rows)
+
+    def _by_part(self, frame: pl.DataFrame) -> Iterator[tuple[int, pl.DataFrame]]:
+        """``frame``'s rows by the part of their page view."""
+        if frame.height == 0:
+            return
         if self.parts == 1:
-            self.spill.add(table, 0, frame)
+            yield 0, frame
             return
         part = _part_of(self.parts)
         if self.feeds_in_place is not None:  # the part of the view's feed rows; views without any: hashed
             part = pl.coalesce(self.feeds_in_place.part_of(frame["page_view_id"]), part)
         split = frame.with_columns(part.alias("_part"))
         for (part,), rows in split.partition_by("_part", as_dict=True, maintain_order=True).items():
-            self.spill.add(table, int(part), rows.drop("_part"))
+            yield int(part), rows.drop("_part")
+
+    def marks(self, part: int) -> pl.DataFrame:
+        """The rejected events' marks of ``part`` (pass 2)."""
+        return pl.concat(self.rejected_events.pop(part, [no_event_marks()]))
 
     def item_frames(self, *, release: bool = True, count: bool = False) -> Iterator[pl.DataFrame]:
         """The accepted item rows, chunk by chunk, in reading order; ``count``: this is the read that
@@ -734,8 +756,16 @@ def _first_step_without_profile(steps: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudonymize: Pseudonymizer) -> Part:
+def align_part(
+    events: pl.DataFrame,
+    feeds: pl.DataFrame,
+    ctx: Context,
+    pseudonymize: Pseudonymizer,
+    rejected_events: pl.DataFrame | None = None,
+) -> Part:
     """Every check and the step alignment of one part's page views; ids stay raw (``key_part``).
+    ``rejected_events``: the part's ``readers.rejected_event_marks`` (quarantined by the reader; here
+    they only cut their sessions, in the row checks).
 
     A rejected event cuts its session (``align.cut_sessions``), in two places: after the row checks
     (before ordering, in session order) and after the screen checks (which run on what the row cut
@@ -747,6 +777,7 @@ def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudony
     feeds = feeds.with_columns(catalog.index(feeds["item_id"]).alias("_item"))
     cards = align.check_feeds(feeds, known, settings.geometry, pseudonymize)
     events, dropped = align.drop_declared(ctx.events.apply(align.map_actions(events, settings.action_map)))
+    marks = None if rejected_events is None else align.map_actions(rejected_events, settings.action_map)
     events = events.with_columns(catalog.index(events["item_id"]).alias("_item"))
     checked = align.row_checks(
         events,
@@ -755,6 +786,7 @@ def align_part(events: pl.DataFrame, feeds: pl.DataFrame, ctx: Context, pseudony
         max_ts=ctx.max_ts,
         pseudonymize=pseudonymize,
         on_bad_event=settings.on_bad_event,
+        reader_rejected=marks,
     )
     ordered, order_flags = align.order_events(checked.rows, pseudonymize)
     ordered, after_end = align.drop_after_end(ordered, pseudonymize)
@@ -1080,7 +1112,8 @@ def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
 
     def aligned(p: int) -> tuple[Part, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
-        return align_part(source.spill.read("events", p), source.feeds(p), ctx, keys), keys
+        events, feeds = source.spill.read("events", p), source.feeds(p)
+        return align_part(events, feeds, ctx, keys, source.marks(p)), keys
 
     with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
         running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))

@@ -3,7 +3,10 @@
 Every table is read into a frame with the declared types of ``RAW_TABLES`` plus
 two locator columns, ``_file`` (path relative to the bundle) and ``_row``
 (0-based row or line). Rows that cannot be read or typed never vanish: they
-come back as quarantine rows with a reason code.
+come back as quarantine rows with a reason code. Of a rejected ``events`` row,
+what can still be read of its place (``rejected_event_marks``) comes back beside
+them, so alignment can cut its session there instead of joining the events
+around it; a line that is not JSON has no readable page view and no mark.
 
 Values are coerced column by column: a value that is present but does not
 convert to the declared type is a ``schema_mismatch``; a required column that
@@ -52,6 +55,41 @@ class BundleError(Exception):
     """The bundle as a whole cannot be ingested (missing folder or required table)."""
 
 
+EVENT_MARKS = {
+    "page_view_id": pl.String,
+    "ts": pl.Datetime("ms", "UTC"),
+    "action": pl.String,
+    "_file": pl.String,
+    "_row": pl.Int64,
+    "reason": pl.String,
+}
+
+
+def no_event_marks() -> pl.DataFrame:
+    return pl.DataFrame(schema=EVENT_MARKS)
+
+
+def rejected_event_marks(rejected: pl.DataFrame, typed: dict[str, pl.Expr]) -> pl.DataFrame:
+    """Where rejected events rows stood, from their raw values (never the pseudonymized payload):
+    ``page_view_id`` and ``action`` where their own values are usable text, ``ts`` where it typed
+    (else null), the source locator and the reject reason. ``rejected``: rows of ``coerce``'s
+    tagged frame, whose typed columns ``typed`` names."""
+
+    def usable(name: str) -> pl.Expr:
+        text = typed[name]
+        fine = (text.str.len_bytes() <= MAX_FIELD_CHARS) & ~text.str.contains("\x00", literal=True)
+        return pl.when(fine).then(text)
+
+    return rejected.select(
+        usable("page_view_id").alias("page_view_id"),
+        typed["ts"].alias("ts"),
+        usable("action").alias("action"),
+        "_file",
+        pl.col("_row").cast(pl.Int64),
+        pl.col("_reason").alias("reason"),
+    ).cast(EVENT_MARKS)
+
+
 @dataclass
 class TableRead:
     """One raw table: typed rows, rejected rows, and how many rows came in."""
@@ -63,6 +101,7 @@ class TableRead:
     files: list[str] = field(default_factory=list)
     naive_timestamps: int = 0
     merged: int = 0  # exact repeats merged by the reader itself (counted as duplicates)
+    rejected_events: pl.DataFrame = field(default_factory=no_event_marks)  # events only
 
 
 def empty_rejects() -> pl.DataFrame:
@@ -347,10 +386,11 @@ def _target_dtypes(table: str) -> dict[str, pl.DataType]:
 
 def coerce(
     loose: pl.DataFrame, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
-) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+) -> tuple[pl.DataFrame, pl.DataFrame, int, pl.DataFrame]:
     """Cast a loose frame to the declared raw schema.
 
-    Returns (typed rows, rejects, naive timestamp count). Undeclared columns are
+    Returns (typed rows, rejects, naive timestamp count, ``rejected_event_marks`` of the rejected
+    rows: events only, else empty). Undeclared columns are
     dropped except for ``profiles`` (extra attributes are data there). Columns
     that already have their declared type pass through untouched.
     """
@@ -389,8 +429,9 @@ def coerce(
     clean = tagged["_reason"].null_count() == tagged.height  # the common case: nothing to reject
     outputs = [typed[c].alias(c) for c in declared] + [pl.col(c).cast(pl.String) for c in extras]
     if clean:
-        return tagged.select([*outputs, *LOCATORS]), empty_rejects(), naive
+        return tagged.select([*outputs, *LOCATORS]), empty_rejects(), naive, no_event_marks()
     rejected = tagged.filter(pl.col("_reason").is_not_null()).with_columns(detail.alias("_detail"))
+    marks = rejected_event_marks(rejected, typed) if table == "events" else no_event_marks()
     rejects = reject_rows(
         table,
         rejected.select([*declared, *extras, *LOCATORS]),
@@ -398,7 +439,8 @@ def coerce(
         rejected["_detail"],
         pseudonymize,
     )
-    return tagged.filter(pl.col("_reason").is_null()).select([*outputs, *LOCATORS]), rejects, naive
+    good = tagged.filter(pl.col("_reason").is_null()).select([*outputs, *LOCATORS])
+    return good, rejects, naive, marks
 
 
 def _reject_reason(
@@ -450,8 +492,8 @@ def _reject_reason(
 
 def read_file(
     path: Path, root: Path, table: str, unit: str, pseudonymize: Pseudonymize | None = None
-) -> tuple[pl.DataFrame, pl.DataFrame, int, int]:
-    """One part file -> (typed rows, rejects, rows in, naive timestamps)."""
+) -> tuple[pl.DataFrame, pl.DataFrame, int, int, pl.DataFrame]:
+    """One part file -> (typed rows, rejects, rows in, naive timestamps, rejected events' marks)."""
     return _read_rows(path, root, table, unit, pseudonymize)
 
 
@@ -462,7 +504,7 @@ def _read_rows(
     unit: str,
     pseudonymize: Pseudonymize | None,
     rows: tuple[int, int] | None = None,
-) -> tuple[pl.DataFrame, pl.DataFrame, int, int]:
+) -> tuple[pl.DataFrame, pl.DataFrame, int, int, pl.DataFrame]:
     """A whole file, or the Parquet row range ``rows`` (``_row`` counts from the file's start)."""
     rel = path.relative_to(root).as_posix()
     fmt = file_format(path)
@@ -494,10 +536,10 @@ def _read_rows(
             },
             schema=empty_rejects().schema,
         )
-        return pl.DataFrame(), unreadable, 1, 0
-    good, typed_rejects, naive = coerce(loose, table, unit, pseudonymize)
+        return pl.DataFrame(), unreadable, 1, 0, no_event_marks()
+    good, typed_rejects, naive, marks = coerce(loose, table, unit, pseudonymize)
     rows_in = loose.height + rejects.height
-    return good, pl.concat([rejects, typed_rejects]), rows_in, naive
+    return good, pl.concat([rejects, typed_rejects]), rows_in, naive, marks
 
 
 def row_ranges(meta: pq.FileMetaData, chunk_rows: int) -> list[tuple[int, int]]:
@@ -593,17 +635,18 @@ def read_chunk(root: Path, chunk: Chunk, unit: str, pseudonymize: Pseudonymize |
         except Exception:
             pass  # read one by one below: each file gets its own reader and its own error
         else:
-            good, bad, naive = coerce(loose, chunk.table, unit, pseudonymize)
-            return TableRead(chunk.table, good, bad, loose.height, rels, naive)
+            good, bad, naive, marks = coerce(loose, chunk.table, unit, pseudonymize)
+            return TableRead(chunk.table, good, bad, loose.height, rels, naive, rejected_events=marks)
     reads = [_read_rows(path, root, chunk.table, unit, pseudonymize, chunk.rows) for path in chunk.paths]
-    frames = [good for good, _, _, _ in reads if good.width]
+    frames = [good for good, *_ in reads if good.width]
     return TableRead(
         chunk.table,
         pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame(),
-        pl.concat([bad for _, bad, _, _ in reads]),
-        sum(n for _, _, n, _ in reads),
+        pl.concat([bad for _, bad, *_ in reads]),
+        sum(n for _, _, n, *_ in reads),
         rels,
-        sum(naive for _, _, _, naive in reads),
+        sum(naive for _, _, _, naive, _ in reads),
+        rejected_events=pl.concat([marks for *_, marks in reads]),
     )
 
 
@@ -661,18 +704,18 @@ def read_table(
             )
             return TableRead(table, empty.clear(), empty_rejects(), 0)
         raise _no_table(root, table)
-    frames, rejects, rows_in, naive = [], [], 0, 0
+    frames, rejects, rows_in, naive, marks = [], [], 0, 0, []
     for path in files:
-        good, bad, n, nv = read_file(path, root, table, unit, pseudonymize)
+        good, bad, n, nv, rejected = read_file(path, root, table, unit, pseudonymize)
         if good.width:
             frames.append(good)
         rejects.append(bad)
         rows_in += n
         naive += nv
+        marks.append(rejected)
     frame = pl.concat(frames, how="diagonal_relaxed") if frames else empty_typed(table)
-    return TableRead(
-        table, frame, pl.concat(rejects), rows_in, [p.relative_to(root).as_posix() for p in files], naive
-    )
+    rels = [p.relative_to(root).as_posix() for p in files]
+    return TableRead(table, frame, pl.concat(rejects), rows_in, rels, naive, rejected_events=pl.concat(marks))
 
 
 def empty_typed(table: str) -> pl.DataFrame:

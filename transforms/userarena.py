@@ -348,7 +348,7 @@ def _tables(
             loose, extra_rejects, cuts = _cut_at_defects(
                 loose, collected.rows["feeds"], pseudonymize, on_bad_event
             )
-        typed, rejects, naive = coerce(loose.drop("_step", strict=False), name, unit, pseudonymize)
+        typed, rejects, naive, _ = coerce(loose.drop("_step", strict=False), name, unit, pseudonymize)
         tables[name] = TableRead(
             name, typed, pl.concat([extra_rejects, rejects]), len(rows), naive_timestamps=naive, merged=merged
         )

@@ -426,10 +426,11 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "wrong_type_parquet",
-        "scroll_top stored as text, e11's is 'abc'",
+        "scroll_top stored as text, e11's is 'abc': the reader rejects e11, which still cuts pv3 after "
+        "e10, so e12 (its end) follows as after_rejected_event",
         _scroll_top_as_text,
-        {("events", "schema_mismatch"): 1},
-        steps=11,
+        {("events", "schema_mismatch"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "wrong_type_csv",
@@ -472,6 +473,16 @@ FAULTS: tuple[Fault, ...] = (
         lambda r: _raw_events(r, lambda d, rows: write_jsonl(d / "part-0.jsonl", _epoch(rows, 1))),
         steps=CLEAN_STEPS,
         check=_ts_as_clean,
+    ),
+    Fault(
+        "unreadable_timestamp",
+        "e11's ts is 'yesterday' (JSONL): rejected by the reader, it cuts pv3 at its place in the "
+        "source, after e10, so e12 (its end) follows as after_rejected_event",
+        lambda r: _raw_events(
+            r, lambda d, rows: write_jsonl(d / "part-0.jsonl", _set("e11", ts="yesterday")(rows))
+        ),
+        {("events", "schema_mismatch"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "epoch_milliseconds",
@@ -536,10 +547,11 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "missing_required_field",
-        "e11 has no action",
+        "e11 has no action: the reader rejects it, which still cuts pv3 after e10, so e12 (its end) "
+        "follows as after_rejected_event",
         _events(_set("e11", action=None)),
-        {("events", "missing_required_field"): 1},
-        steps=11,
+        {("events", "missing_required_field"): 1, ("events", "after_rejected_event"): 1},
+        steps=10,
     ),
     Fault(
         "duplicate_event_exact",
