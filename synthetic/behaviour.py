@@ -125,7 +125,7 @@ class Steps:
     ui_state: np.ndarray  # int8 index into UI_STATES, -1 on the feed
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
@@ -134,6 +134,28 @@ def _categorical(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
     cum = np.cumsum(weights, axis=1)
     u = rng.random(len(weights)) * cum[:, -1]
     return np.minimum((cum <= u[:, None]).sum(axis=1), weights.shape[1] - 1)
+
+
+class KeyedDraws:
+    """Random draws keyed by (session, step): each session's draws at a step come from a stream of its
+    own, seeded by ``key + (session, step)``, whoever steps it and whatever other sessions do.
+
+    A stand-in for ``np.random.Generator`` in the decision functions (``random``, ``lognormal``), so
+    two runs of the same shoppers (the world's own, and the shoppers acting inside another environment)
+    share their random numbers step by step: common random numbers, for comparisons with little noise.
+    """
+
+    def __init__(self, key: tuple[int, ...], sessions: np.ndarray, step: np.ndarray | int) -> None:
+        steps = np.broadcast_to(step, np.shape(sessions))
+        pairs = zip(sessions, steps, strict=True)
+        self._streams = [np.random.default_rng([*key, int(s), int(t)]) for s, t in pairs]
+
+    def random(self, size: int | tuple[int, ...]) -> np.ndarray:
+        shape = (size,) if isinstance(size, int) else tuple(size)
+        return np.array([g.random(shape[1:]) for g in self._streams]).reshape(shape)
+
+    def lognormal(self, mean: float, sigma: float, size: int) -> np.ndarray:
+        return np.array([g.lognormal(mean, sigma) for g in self._streams]).reshape(size)
 
 
 @dataclass
@@ -216,7 +238,7 @@ def choose_on_feed(
     best = appeal.max(axis=1)
     can_click = np.isfinite(best)
     logit = p.click_bias + p.click_slope * np.where(can_click, best, 0.0) + np.log(traits.click)
-    p_click = np.where(can_click, _sigmoid(logit), 0.0) * np.where(winding, p.last_click, 1.0)
+    p_click = np.where(can_click, sigmoid(logit), 0.0) * np.where(winding, p.last_click, 1.0)
     w_up = (off > 0) * np.where(view.returned, p.scroll_up_after_return, p.scroll_up)
     w_down = (off < view.max_offset) * (1.0 - w_up)
     click = rng.random(n) < p_click
@@ -328,6 +350,10 @@ class _Simulation:
     geometry: Geometry
     st: _State
     rec: _Recorder
+    keyed: tuple[int, ...] | None = None  # draws keyed by (session, step) instead of one stream
+
+    def draws(self, idx: np.ndarray, t: int) -> np.random.Generator | KeyedDraws:
+        return self.rng if self.keyed is None else KeyedDraws(self.keyed, idx, t)
 
     def feed_step(self, idx: np.ndarray, t: int, winding: np.ndarray) -> None:
         feeds, geo, st = self.feeds, self.geometry, self.st
@@ -339,7 +365,7 @@ class _Simulation:
         visible = (2 * (bottom - top) >= h) & (h > 0) & ~st.clicked[idx]
         appeal = np.where(visible, feeds.appeal[idx], -np.inf)
         view = FeedView(offset=off, max_offset=st.max_offset[idx], appeal=appeal, returned=st.returned[idx])
-        chosen = choose_on_feed(self.rng, view, self.traits.take(idx), winding, self.p, geo)
+        chosen = choose_on_feed(self.draws(idx, t), view, self.traits.take(idx), winding, self.p, geo)
         click, up = chosen.action == A["click"], chosen.action == A["scroll_up"]
         down, card, dist = chosen.action == A["scroll_down"], chosen.card, chosen.distance
         item = np.where(click, feeds.item[idx, card], -1)
@@ -354,7 +380,7 @@ class _Simulation:
         st.clicked[c, card] = True
         st.screen[c] = 1
         st.item[c] = item
-        st.interest[c] = _sigmoid(self.p.interest_scale * appeal - 1.0)
+        st.interest[c] = sigmoid(self.p.interest_scale * appeal - 1.0)
         st.page_max[c] = self.cat.page_height[item] - self.geometry.ipv_viewport
         for counter in (st.page, st.ui, st.pic, st.visit_step):
             counter[c] = 0
@@ -375,7 +401,7 @@ class _Simulation:
             interest=st.interest[idx], carted=st.carted[idx], bought=st.bought[idx],
             param_seen=st.param_seen[idx], comments_seen=st.comments_seen[idx],
         )
-        chosen = choose_on_page(self.rng, view, self.traits.take(idx), winding, self.p, geo)
+        chosen = choose_on_page(self.draws(idx, t), view, self.traits.take(idx), winding, self.p, geo)
         choice, dist = chosen.choice, chosen.distance
         scrolls = choice <= 1
         self.rec.add(idx, t, chosen.action, st, item, np.where(scrolls, dist, -1), chosen.review_index, True)
@@ -409,9 +435,12 @@ def simulate_steps(
     traits: SessionTraits,
     params: BehaviourParams,
     geometry: Geometry,
+    keyed: tuple[int, ...] | None = None,
 ) -> Steps:
-    """Run every session to its budget; the Python loop is over the step index only."""
-    sim = _Simulation(rng, feeds, cat, traits, params, geometry, _State.start(feeds, geometry), _Recorder())
+    """Run every session to its budget; the Python loop is over the step index only. ``keyed``: the
+    shoppers draw from streams keyed by (session, step) (see ``KeyedDraws``) instead of ``rng``."""
+    state = _State.start(feeds, geometry)
+    sim = _Simulation(rng, feeds, cat, traits, params, geometry, state, _Recorder(), keyed)
     for t in range(int(budget.max())):
         live, last, winding = budget > t, budget == t + 1, budget == t + 2
         sim.end_step(np.flatnonzero(last), t)
