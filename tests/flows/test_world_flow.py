@@ -12,7 +12,7 @@ import pytest
 from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
 from evaluation.simulators import drive
-from flows.ingest import ingest_flow, record_world, world_path
+from flows.ingest import ingest_flow, world_path
 from flows.world import (
     NoWorldError,
     WorldSimulator,
@@ -24,16 +24,12 @@ from flows.world import (
 from synthetic.bundle import write_bundle
 from tests.bundles import tiny_bundle
 from tests.bundles import write_bundle as write_tiny_bundle
-from transforms.ingest import ingest_bundle
+from tests.flows.worlds import generated_lake
 
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("world")
-    write_bundle(root / "raw", users=60, seed=5)
-    ingest_bundle(root / "raw", root / "lake")
-    record_world(root / "raw", root / "lake")
-    return root / "lake"
+    return generated_lake(tmp_path_factory.mktemp("world"), users=60, seed=5)
 
 
 def test_ingest_flow_carries_a_generated_bundles_world_and_real_logs_have_none(prefect_harness, tmp_path):

@@ -17,11 +17,9 @@ from evaluation.rollout import Rollout
 from evaluation.scorecard import score
 from evaluation.simulators import drive
 from evaluation.traces import Trace, TraceProfile, TraceStep, load_traces, write_jsonl
-from flows.ingest import record_world
 from flows.score import export_real_traces
 from flows.world import effect_for_lake, world_from_lake
-from synthetic.bundle import write_bundle
-from transforms.ingest import ingest_bundle
+from tests.flows.worlds import generated_lake
 from transforms.lake import read_table
 
 pytestmark = pytest.mark.slow
@@ -29,11 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("world-sanity")
-    write_bundle(root / "raw", users=2_000, seed=5)
-    ingest_bundle(root / "raw", root / "lake")
-    record_world(root / "raw", root / "lake")
-    return root / "lake"
+    return generated_lake(tmp_path_factory.mktemp("world-sanity"), users=2_000, seed=5)
 
 
 def trace_of(rollout: Rollout) -> Trace:
