@@ -93,6 +93,12 @@ def _arm_matrix(counts: pl.DataFrame, arm: str) -> np.ndarray:
     return matrix
 
 
+def _resampled_totals(matrix: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """Column totals ``(resamples, 4)`` of each resample's users, one column at a time (a
+    ``(resamples, users, 4)`` gather would hold every resample's rows at once)."""
+    return np.stack([column[draws].sum(axis=1) for column in matrix.T], axis=-1)
+
+
 def effect_fidelity(
     counts: pl.DataFrame, resamples: int = 2_000, seed: int = 0, level: float = 0.95
 ) -> EffectFidelity:
@@ -107,7 +113,7 @@ def effect_fidelity(
     rng = np.random.default_rng(seed)
     draws_a = rng.integers(0, len(a), (resamples, len(a)))
     draws_b = rng.integers(0, len(b), (resamples, len(b)))
-    real_b, sim_b = pv_ctr_delta(a[draws_a].sum(axis=1), b[draws_b].sum(axis=1))
+    real_b, sim_b = pv_ctr_delta(_resampled_totals(a, draws_a), _resampled_totals(b, draws_b))
     with np.errstate(divide="ignore", invalid="ignore"):  # an empty resampled arm gives nan, dropped
         ratios = sim_b / real_b
     ratios = ratios[np.isfinite(ratios)]

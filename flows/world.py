@@ -64,7 +64,8 @@ def world_manifest(lake: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise NoWorldError(
             f"the lake {lake} has no world: it was not ingested from a generated bundle (no {WORLD_FILE}), "
-            "so there are no ground-truth shoppers to simulate with `world`"
+            "so there are no ground-truth shoppers to simulate with `world` (a generated bundle ingested "
+            "before lakes kept their world needs ingesting again)"
         )
     manifest = json.loads(path.read_text())
     if manifest.get("generator_version") != GENERATOR_VERSION:
