@@ -113,6 +113,8 @@ class WorldSimulator:
     def know(self, run: Run) -> None:
         """Let the shoppers act in the sessions of ``run`` too."""
         sessions = self._keys.column(run.pv_ids, "session").to_list()
+        if sessions and sessions[0] in self._session_run:  # runs are deterministic: known already
+            return
         index = {session: k for k, session in enumerate(sessions)}
         self._known.append(_Known(StepwiseShoppers(self.world, run, self.stepwise_seed), index))
         self._session_run.update(dict.fromkeys(sessions, len(self._known) - 1))

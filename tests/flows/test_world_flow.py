@@ -11,11 +11,12 @@ import pytest
 
 from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
-from evaluation.simulators import drive
+from evaluation.simulators import RandomSimulator, drive
 from flows.ingest import ingest_flow, world_path
 from flows.world import (
     NoWorldError,
     WorldSimulator,
+    effect_for_lake,
     held_out_users,
     policy_arm,
     split_halves,
@@ -89,3 +90,19 @@ def test_policy_arms_replay_the_worlds_own_shoppers_under_shared_draws(lake: Pat
     drive(rollouts, world)
     same = sum([a.action for a in r.attempts] == [s.action for s in r.session.steps] for r in rollouts)
     assert same >= 0.8 * len(rollouts)
+
+
+def test_effect_of_a_prompt_simulator_against_the_worlds_arms(lake: Path, tmp_path):
+    world = world_from_lake(lake)
+    users = sorted({s.user_id for s in load_sessions(lake)})[:30]
+    effect = effect_for_lake(lake, RandomSimulator(seed=3), world, users=users, seed=1)
+    assert effect.users == {"A": 15, "B": 15}
+    # the real delta, worked out from the arms' logged sessions: clicks / sessions, B minus A
+    half_a, half_b = split_halves(users, seed=1)
+    ctr = {}
+    for name, policy, half in (("A", "baseline", half_a), ("B", "treatment", half_b)):
+        sessions = policy_arm(world, name, policy, half, tmp_path).sessions
+        ctr[name] = sum(step.action == "click" for s in sessions for step in s.steps) / len(sessions)
+    assert effect.real_delta == pytest.approx(ctr["B"] - ctr["A"], rel=1e-12)
+    assert effect.ratio == pytest.approx(effect.sim_delta / effect.real_delta, rel=1e-12)
+    assert effect.error == pytest.approx(abs(1 - effect.ratio), rel=1e-12)
