@@ -12,7 +12,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from evaluation.rollout import Rollout
 
@@ -28,6 +28,22 @@ class Simulator(Protocol):
     """Answers a batch of prompts, one response text per prompt, in order."""
 
     def act(self, prompts: Sequence[Messages]) -> list[str]: ...
+
+
+@runtime_checkable
+class StateSimulator(Protocol):
+    """A simulator that reads the environment's state rather than the prompt text (the synthetic
+    world's shoppers); it still answers in the PROTOCOL.md §2 format, judged like any other."""
+
+    def act_on(self, rollouts: Sequence[Rollout]) -> list[str]: ...
+
+
+def answers(simulator: Simulator, live: Sequence[Rollout]) -> list[str]:
+    """One response per live episode: from the episodes' states where the simulator reads them, else
+    from their rendered prompts."""
+    if isinstance(simulator, StateSimulator):
+        return list(simulator.act_on(live))
+    return list(simulator.act([r.messages() for r in live]))
 
 
 def executable_lines(prompt: str) -> list[str]:
@@ -94,7 +110,7 @@ def drive(rollouts: Sequence[Rollout], simulator: Simulator) -> None:
     live = [r for r in rollouts if not r.done]
     while live:
         try:
-            outputs = simulator.act([r.messages() for r in live])
+            outputs = answers(simulator, live)
             if len(outputs) != len(live):
                 raise ValueError(f"{len(outputs)} responses for {len(live)} prompts")
         except Exception as error:  # the simulator's failure is recorded, never raised past the episode

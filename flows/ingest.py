@@ -20,6 +20,8 @@ from transforms.readers import BundleError, bundle_fingerprint
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
 
 RUNS = "_runs"
+WORLD_FILE = "world.json"
+GENERATED_BY = "trajforge.synthetic"  # the ``generator`` of a synthetic bundle's manifest
 INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
 
 
@@ -43,6 +45,31 @@ def ingest_tables(raw: str, lake: str, settings: IngestSettings, source_format: 
         source_format=source_format,
     )
     return result.to_json()
+
+
+def world_path(lake: str | Path) -> Path:
+    return Path(lake) / WORLD_FILE
+
+
+def record_world(raw: str | Path, lake: str | Path) -> dict | None:
+    """Keep a generated bundle's manifest (seed, users, geometry, generator version: enough to rebuild
+    its world) beside the lake; a bundle of real logs leaves the lake without one (a world kept from an
+    earlier ingest is removed)."""
+    manifest_file = Path(raw) / "manifest.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    target = world_path(lake)
+    if manifest.get("generator") != GENERATED_BY:
+        target.unlink(missing_ok=True)
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+@task(name="record-world", cache_policy=NO_CACHE)
+def record_world_task(raw: str, lake: str) -> bool:
+    """A generated bundle's world travels with its lake; real logs have none."""
+    return record_world(raw, lake) is not None
 
 
 @task(name="record-run", cache_policy=NO_CACHE)
@@ -102,6 +129,7 @@ def ingest_flow(
         get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
         return {**previous, "skipped": True}
     summary = ingest_tables(raw, lake, settings, source_format)
+    record_world_task(raw, lake)
     refresh_catalog_task(lake)
     # the gate runs before the run is recorded: a stopped gate leaves no "unchanged" manifest behind
     gate = gate_task(

@@ -9,7 +9,8 @@
 
 Modules: ``taxonomy`` (categories, words), ``catalog`` (items), ``shoppers`` (traits,
 profiles), ``feeds`` (ranking policies, masonry layout), ``behaviour`` (the stochastic
-13-action policy), ``timing`` (dwell, session gaps), ``world`` (API), ``bundle``
+13-action policy), ``stepwise`` (the same shoppers acting one step at a time inside
+another environment), ``timing`` (dwell, session gaps), ``world`` (API), ``bundle``
 (writers, CLI: ``python -m synthetic.bundle OUT --users 300``), ``calibration``
 (statistics vs. UserArena: ``python -m synthetic.calibration --users 11010``).
 Nothing outside ``synthetic/`` and its tests imports this package (ARCHITECTURE.md).

@@ -127,7 +127,7 @@ class Steps:
     ui_state: np.ndarray  # int8 index into UI_STATES, -1 on the feed
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
@@ -136,6 +136,28 @@ def _categorical(rng: np.random.Generator, weights: np.ndarray) -> np.ndarray:
     cum = np.cumsum(weights, axis=1)
     u = rng.random(len(weights)) * cum[:, -1]
     return np.minimum((cum <= u[:, None]).sum(axis=1), weights.shape[1] - 1)
+
+
+class KeyedDraws:
+    """Random draws keyed by (session, step): each session's draws at a step come from a stream of its
+    own, seeded by ``key + (session, step)``, whoever steps it and whatever other sessions do.
+
+    A stand-in for ``np.random.Generator`` in the decision functions (``random``, ``lognormal``), so
+    two runs of the same shoppers (the world's own, and the shoppers acting inside another environment)
+    share their random numbers step by step: common random numbers, for comparisons with little noise.
+    """
+
+    def __init__(self, key: tuple[int, ...], sessions: np.ndarray, step: np.ndarray | int) -> None:
+        steps = np.broadcast_to(step, np.shape(sessions))
+        pairs = zip(sessions, steps, strict=True)
+        self._streams = [np.random.default_rng([*key, int(s), int(t)]) for s, t in pairs]
+
+    def random(self, size: int | tuple[int, ...]) -> np.ndarray:
+        shape = (size,) if isinstance(size, int) else tuple(size)
+        return np.array([g.random(shape[1:]) for g in self._streams]).reshape(shape)
+
+    def lognormal(self, mean: float, sigma: float, size: int) -> np.ndarray:
+        return np.array([g.lognormal(mean, sigma) for g in self._streams]).reshape(size)
 
 
 @dataclass
@@ -187,6 +209,119 @@ class SessionTraits:
     price_sensitivity: np.ndarray
     price_level: np.ndarray
 
+    def take(self, rows: np.ndarray) -> SessionTraits:
+        return SessionTraits(*(getattr(self, name)[rows] for name in self.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class FeedView:
+    """What shoppers on the feed see, one row per session: ``appeal`` is -inf for a card that is not
+    in view or was already opened in this session (only the others can be clicked)."""
+
+    offset: np.ndarray
+    max_offset: np.ndarray
+    appeal: np.ndarray  # (sessions, cards)
+    returned: np.ndarray  # bool: the last action was back_home
+
+
+@dataclass(frozen=True)
+class FeedChoice:
+    action: np.ndarray  # int8 code: click, scroll_up or scroll_down
+    card: np.ndarray  # column of the clicked card (meaningful where action is click)
+    distance: np.ndarray  # px of the scroll, clipped to the feed (meaningful where it scrolls)
+
+
+def choose_on_feed(
+    rng: np.random.Generator, view: FeedView, traits: SessionTraits, winding: np.ndarray,
+    p: BehaviourParams, geo: Geometry,
+) -> FeedChoice:
+    """One feed action per session (the shopper policy of the module docstring)."""
+    n, off, appeal = len(view.offset), view.offset, view.appeal
+    best = appeal.max(axis=1)
+    can_click = np.isfinite(best)
+    logit = p.click_bias + p.click_slope * np.where(can_click, best, 0.0) + np.log(traits.click)
+    p_click = np.where(can_click, sigmoid(logit), 0.0) * np.where(winding, p.last_click, 1.0)
+    # room for a move of at least MIN_MOVE px, which is an action distance of at least 1
+    w_up = (off >= MIN_MOVE) * np.where(view.returned, p.scroll_up_after_return, p.scroll_up)
+    w_down = (view.max_offset - off >= MIN_MOVE) * (1.0 - w_up)
+    click = rng.random(n) < p_click
+    up = ~click & (rng.random(n) * (w_up + w_down) < w_up)
+    down = ~click & ~up
+    # Scroll distance: the shopper's habit, clipped to the room left and to the protocol's 694 px.
+    # Logged in quarter px like the layout (whole px without fractions); the action is its rounding.
+    px = PX_STEP if p.feed.fractional_px else 1
+    habit = traits.scroll_px * rng.lognormal(0, p.scroll_sigma, n)
+    dist = np.clip(np.rint(habit / px) * px, 40, geo.max_feed_scroll)
+    dist = np.where(down, np.minimum(dist, view.max_offset - off), np.minimum(dist, off))
+    # Which card: Gumbel-max over the visible cards, softmax(appeal / temperature).
+    gumbel = -np.log(-np.log(rng.random(appeal.shape)))
+    card = np.argmax(appeal / p.click_temperature + gumbel, axis=1)
+    action = np.select([click, up], [A["click"], A["scroll_up"]], A["scroll_down"])
+    return FeedChoice(action=action, card=card, distance=dist)
+
+
+@dataclass(frozen=True)
+class PageView:
+    """What shoppers on a detail page see and have done in this visit, one row per session."""
+
+    page: np.ndarray  # page offset
+    page_max: np.ndarray  # largest page offset
+    ui: np.ndarray  # index into UI_STATES
+    pic: np.ndarray  # 0-based picture shown
+    n_pics: np.ndarray
+    n_reviews: np.ndarray
+    tappable_reviews: np.ndarray  # reviews in view that can be opened (0: none)
+    price: np.ndarray
+    category_price: np.ndarray  # the median price of the item's top category
+    visit_step: np.ndarray  # actions taken in this visit
+    interest: np.ndarray  # how much the opened card appealed, in (0, 1)
+    carted: np.ndarray
+    bought: np.ndarray
+    param_seen: np.ndarray
+    comments_seen: np.ndarray
+
+
+@dataclass(frozen=True)
+class PageChoice:
+    choice: np.ndarray  # index into IPV_CHOICES
+    distance: np.ndarray  # px of a page scroll, clipped to the page (meaningful where it scrolls)
+    review_index: np.ndarray  # 0-based review opened, -1 = none
+
+    @property
+    def action(self) -> np.ndarray:
+        return IPV_CODES[self.choice]
+
+
+def choose_on_page(
+    rng: np.random.Generator, view: PageView, traits: SessionTraits, winding: np.ndarray,
+    p: BehaviourParams, geo: Geometry,
+) -> PageChoice:
+    """One detail-page action per session (weights of the module docstring, then one draw)."""
+    page, j, n = view.page, view.visit_step, len(view.page)
+    carted, bought = view.carted, view.bought
+    review, purchase = traits.review, traits.purchase * view.interest
+    # Paying above one's usual level for the category puts buying off, in proportion to price sensitivity.
+    over_price = np.log(view.price / (view.category_price * traits.price_level)).clip(0)
+    price_fit = np.exp(-traits.price_sensitivity * over_price)
+    weights = np.stack([
+        p.ipv_scroll_down * p.ipv_scroll_decay ** j * (page < view.page_max),
+        p.ipv_scroll_up * (page > 0),
+        p.swipe * (view.pic < view.n_pics - 1),
+        p.param * review**0.5 * ~view.param_seen,
+        p.enter_comment * review * (view.n_reviews > 0) * ~view.comments_seen,
+        p.click_comment * review * (view.tappable_reviews > 0),
+        p.cart * purchase * ~carted * ~bought,
+        p.buy * purchase * price_fit**0.5 * (1 + p.buy_after_cart * carted) * ~bought,
+        p.back_home * (1 + p.back_home_growth * j) * (1 + p.back_home_after_cart * (carted | bought))
+        * np.where(winding, p.last_back_home, 1.0),
+    ], axis=1)
+    choice = _categorical(rng, weights)
+    dist = np.clip(np.rint(p.ipv_scroll_px * rng.lognormal(0, p.scroll_sigma, n)), 40,
+                   geo.max_ipv_scroll).astype(np.int32)
+    dist = np.where(choice == 0, np.minimum(dist, view.page_max - page), np.minimum(dist, page))
+    review_index = np.where(choice == 5, (rng.random(n) * view.tappable_reviews).astype(np.int32), -1)
+    return PageChoice(choice=choice, distance=dist, review_index=review_index)
+
 
 class _Recorder:
     def __init__(self) -> None:
@@ -220,9 +355,13 @@ class _Simulation:
     geometry: Geometry
     st: _State
     rec: _Recorder
+    keyed: tuple[int, ...] | None = None  # draws keyed by (session, step) instead of one stream
+
+    def draws(self, idx: np.ndarray, t: int) -> np.random.Generator | KeyedDraws:
+        return self.rng if self.keyed is None else KeyedDraws(self.keyed, idx, t)
 
     def feed_step(self, idx: np.ndarray, t: int, winding: np.ndarray) -> None:
-        rng, feeds, traits, p, geo, st = self.rng, self.feeds, self.traits, self.p, self.geometry, self.st
+        feeds, geo, st = self.feeds, self.geometry, self.st
         off = st.offset[idx]
         y, h = feeds.y[idx], feeds.height[idx]
         top = np.maximum(y, off[:, None])
@@ -230,28 +369,12 @@ class _Simulation:
         # "at least half the card's height inside the viewport", without a division
         visible = (2 * (bottom - top) >= h) & (h > 0) & ~st.clicked[idx]
         appeal = np.where(visible, feeds.appeal[idx], -np.inf)
-        best = appeal.max(axis=1)
-        can_click = np.isfinite(best)
-        logit = p.click_bias + p.click_slope * np.where(can_click, best, 0.0) + np.log(traits.click[idx])
-        p_click = np.where(can_click, _sigmoid(logit), 0.0) * np.where(winding, p.last_click, 1.0)
-        # room for a move of at least MIN_MOVE px, which is an action distance of at least 1
-        w_up = (off >= MIN_MOVE) * np.where(st.returned[idx], p.scroll_up_after_return, p.scroll_up)
-        w_down = (st.max_offset[idx] - off >= MIN_MOVE) * (1.0 - w_up)
-        click = rng.random(len(idx)) < p_click
-        up = ~click & (rng.random(len(idx)) * (w_up + w_down) < w_up)
-        down = ~click & ~up
-        # Scroll distance: the shopper's habit, clipped to the room left and to the protocol's 694 px.
-        # Logged in quarter px like the layout (whole px without fractions); the action is its rounding.
-        px = PX_STEP if p.feed.fractional_px else 1
-        habit = traits.scroll_px[idx] * rng.lognormal(0, p.scroll_sigma, len(idx))
-        dist = np.clip(np.rint(habit / px) * px, 40, geo.max_feed_scroll)
-        dist = np.where(down, np.minimum(dist, st.max_offset[idx] - off), np.minimum(dist, off))
-        # Which card: Gumbel-max over the visible cards, softmax(appeal / temperature).
-        gumbel = -np.log(-np.log(rng.random(appeal.shape)))
-        card = np.argmax(appeal / p.click_temperature + gumbel, axis=1)
+        view = FeedView(offset=off, max_offset=st.max_offset[idx], appeal=appeal, returned=st.returned[idx])
+        chosen = choose_on_feed(self.draws(idx, t), view, self.traits.take(idx), winding, self.p, geo)
+        click, up = chosen.action == A["click"], chosen.action == A["scroll_up"]
+        down, card, dist = chosen.action == A["scroll_down"], chosen.card, chosen.distance
         item = np.where(click, feeds.item[idx, card], -1)
-        action = np.select([click, up], [A["click"], A["scroll_up"]], A["scroll_down"])
-        self.rec.add(idx, t, action, st, item, np.where(click, -1, dist), np.full(len(idx), -1), False)
+        self.rec.add(idx, t, chosen.action, st, item, np.where(click, -1, dist), np.full(len(idx), -1), False)
         st.offset[idx] = off + np.where(down, dist, 0) - np.where(up, dist, 0)
         st.returned[idx] = False
         self._open(idx[click], card[click], item[click], appeal[click, card[click]])
@@ -262,7 +385,7 @@ class _Simulation:
         st.clicked[c, card] = True
         st.screen[c] = 1
         st.item[c] = item
-        st.interest[c] = _sigmoid(self.p.interest_scale * appeal - 1.0)
+        st.interest[c] = sigmoid(self.p.interest_scale * appeal - 1.0)
         st.page_max[c] = self.cat.page_height[item] - self.geometry.ipv_viewport
         for counter in (st.page, st.ui, st.pic, st.visit_step):
             counter[c] = 0
@@ -270,37 +393,23 @@ class _Simulation:
             flag[c] = False
 
     def ipv_step(self, idx: np.ndarray, t: int, winding: np.ndarray) -> None:
-        rng, cat, traits, p, geo, st = self.rng, self.cat, self.traits, self.p, self.geometry, self.st
-        item, page, ui, j = st.item[idx], st.page[idx], st.ui[idx], st.visit_step[idx]
+        cat, geo, st = self.cat, self.geometry, self.st
+        item, page, ui = st.item[idx], st.page[idx], st.ui[idx]
         n_rev = cat.n_reviews[item].astype(np.int32)
         review_row_in_view = page + geo.ipv_viewport >= cat.review_top[item] + REVIEW_ROW
         can_tap_review = (n_rev > 0) & ((ui == 2) | (ui == 0) & review_row_in_view)  # panels cover the page
-        carted, bought = st.carted[idx], st.bought[idx]
-        review, purchase = traits.review[idx], traits.purchase[idx] * st.interest[idx]
-        # Paying above one's usual level for the category puts buying off, in proportion to price sensitivity.
-        over_price = np.log(cat.price[item] / (tx.L1_PRICE[cat.l1[item]] * traits.price_level[idx])).clip(0)
-        price_fit = np.exp(-traits.price_sensitivity[idx] * over_price)
-        weights = np.stack([
-            p.ipv_scroll_down * p.ipv_scroll_decay ** j * (page < st.page_max[idx]),
-            p.ipv_scroll_up * (page > 0),
-            p.swipe * (st.pic[idx] < cat.n_pics[item] - 1),
-            p.param * review**0.5 * ~st.param_seen[idx],
-            p.enter_comment * review * (n_rev > 0) * ~st.comments_seen[idx],
-            p.click_comment * review * can_tap_review,
-            p.cart * purchase * ~carted * ~bought,
-            p.buy * purchase * price_fit**0.5 * (1 + p.buy_after_cart * carted) * ~bought,
-            p.back_home * (1 + p.back_home_growth * j) * (1 + p.back_home_after_cart * (carted | bought))
-            * np.where(winding, p.last_back_home, 1.0),
-        ], axis=1)
-        choice = _categorical(rng, weights)
-        action = IPV_CODES[choice]
-        scrolls = choice <= 1
-        dist = np.clip(np.rint(p.ipv_scroll_px * rng.lognormal(0, p.scroll_sigma, len(idx))), 40,
-                       geo.max_ipv_scroll).astype(np.int32)
-        dist = np.where(choice == 0, np.minimum(dist, st.page_max[idx] - page), np.minimum(dist, page))
         shown = np.minimum(n_rev, np.where(ui == 2, PANEL_REVIEWS, INLINE_REVIEWS))
-        review_index = np.where(choice == 5, (rng.random(len(idx)) * shown).astype(np.int32), -1)
-        self.rec.add(idx, t, action, st, item, np.where(scrolls, dist, -1), review_index, True)
+        view = PageView(
+            page=page, page_max=st.page_max[idx], ui=ui, pic=st.pic[idx], n_pics=cat.n_pics[item],
+            n_reviews=n_rev, tappable_reviews=np.where(can_tap_review, shown, 0), price=cat.price[item],
+            category_price=tx.L1_PRICE[cat.l1[item]], visit_step=st.visit_step[idx],
+            interest=st.interest[idx], carted=st.carted[idx], bought=st.bought[idx],
+            param_seen=st.param_seen[idx], comments_seen=st.comments_seen[idx],
+        )
+        chosen = choose_on_page(self.draws(idx, t), view, self.traits.take(idx), winding, self.p, geo)
+        choice, dist = chosen.choice, chosen.distance
+        scrolls = choice <= 1
+        self.rec.add(idx, t, chosen.action, st, item, np.where(scrolls, dist, -1), chosen.review_index, True)
         st.page[idx] = page + np.where(choice == 0, dist, 0) - np.where(choice == 1, dist, 0)
         st.ui[idx] = np.select([scrolls, choice == 3, (choice == 4) | (choice == 5)], [0, 1, 2], ui)
         st.pic[idx] += choice == 2
@@ -308,7 +417,7 @@ class _Simulation:
         st.comments_seen[idx] |= choice == 4
         st.carted[idx] |= choice == 6
         st.bought[idx] |= choice == 7
-        st.visit_step[idx] = j + 1
+        st.visit_step[idx] = view.visit_step + 1
         home = idx[choice == 8]
         st.screen[home] = 0
         st.returned[home] = True
@@ -331,9 +440,12 @@ def simulate_steps(
     traits: SessionTraits,
     params: BehaviourParams,
     geometry: Geometry,
+    keyed: tuple[int, ...] | None = None,
 ) -> Steps:
-    """Run every session to its budget; the Python loop is over the step index only."""
-    sim = _Simulation(rng, feeds, cat, traits, params, geometry, _State.start(feeds, geometry), _Recorder())
+    """Run every session to its budget; the Python loop is over the step index only. ``keyed``: the
+    shoppers draw from streams keyed by (session, step) (see ``KeyedDraws``) instead of ``rng``."""
+    state = _State.start(feeds, geometry)
+    sim = _Simulation(rng, feeds, cat, traits, params, geometry, state, _Recorder(), keyed)
     for t in range(int(budget.max())):
         live, last, winding = budget > t, budget == t + 1, budget == t + 2
         sim.end_step(np.flatnonzero(last), t)

@@ -65,6 +65,22 @@ class _Plan:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One simulation: whose sessions, their plan, feeds and traits, and what the shoppers did."""
+
+    policy: Policy
+    seed: int
+    users: np.ndarray  # world user indices, sorted
+    plan: _Plan
+    feeds: Feeds
+    traits: SessionTraits  # one row per session
+    steps: Steps
+    ts: np.ndarray  # epoch ms per step
+    pv_ids: pl.Series  # raw page view id per session
+    keyed_draws: int | None = None  # see World.run
+
+
+@dataclass(frozen=True)
 class World:
     seed: int
     catalog: Catalog
@@ -116,9 +132,12 @@ class World:
 
     # --- simulation ------------------------------------------------------------------------
 
-    def simulate(self, user_ids: list[str] | pl.Series | None = None, policy: Policy = "ab",
-                 seed: int = 0) -> Bundle:
-        """Sessions of the given shoppers (default: all) under ``policy``; deterministic per seed."""
+    def run(self, user_ids: list[str] | pl.Series | None = None, policy: Policy = "ab", seed: int = 0,
+            keyed_draws: int | None = None) -> Run:
+        """The sessions of the given shoppers (default: all) under ``policy``: their plan, feeds, traits
+        and the actions the shoppers took; deterministic per seed. ``keyed_draws``: the shoppers' actions
+        draw from streams keyed by (world seed, seed, keyed_draws, session, step), which shoppers acting
+        stepwise elsewhere can share (``behaviour.KeyedDraws``)."""
         if policy not in ("baseline", "treatment", "ab"):
             raise ValueError(f"unknown policy {policy!r}")
         users = self._users(user_ids)
@@ -133,16 +152,28 @@ class World:
             purchase=s.purchase_propensity[u], price_sensitivity=s.price_sensitivity[u],
             price_level=s.price_level[u],
         )
-        steps = simulate_steps(rng, plan.budget, feeds, self.catalog, traits, self.params, self.geometry)
+        keyed = None if keyed_draws is None else (self.seed, seed, keyed_draws)
+        steps = simulate_steps(rng, plan.budget, feeds, self.catalog, traits, self.params, self.geometry,
+                               keyed)
         ts = self._timestamps(rng, plan, steps)
-        key = (self.seed, seed, policy)
-        pv_ids = hex_ids("pv-", len(u), salt("pv", *key))
+        pv_ids = hex_ids("pv-", len(u), salt("pv", self.seed, seed, policy))
+        return Run(policy, seed, users, plan, feeds, traits, steps, ts, pv_ids, keyed_draws)
+
+    def simulate(self, user_ids: list[str] | pl.Series | None = None, policy: Policy = "ab",
+                 seed: int = 0) -> Bundle:
+        """Sessions of the given shoppers (default: all) under ``policy`` as raw log tables."""
+        return self.bundle(self.run(user_ids, policy, seed))
+
+    def bundle(self, run: Run) -> Bundle:
+        """A run's raw log tables plus its per-session ground truth."""
+        plan, steps, ts, pv_ids = run.plan, run.steps, run.ts, run.pv_ids
+        u, event_key = plan.user, salt("event", self.seed, run.seed, run.policy)
         return Bundle(
-            profiles=self.profiles().filter(pl.col("user_id").is_in(self.user_ids.gather(users).implode())),
+            profiles=self.profiles().filter(pl.col("user_id").is_in(self.user_ids.gather(run.users).implode())),
             items=self.items,
-            feeds=self._feeds_frame(feeds, pv_ids),
-            events=self._events_frame(steps, ts, plan, pv_ids, salt("event", *key)),
-            history=self._history_frame(users, plan, ts, steps),
+            feeds=self._feeds_frame(run.feeds, pv_ids),
+            events=self._events_frame(steps, ts, plan, pv_ids, event_key),
+            history=self._history_frame(run.users, plan, ts, steps),
             sessions=pl.DataFrame({
                 "page_view_id": pv_ids,
                 "user_id": self.user_ids.gather(u),
