@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import polars as pl
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
-from flows.chain import RUNS, catalog, write_json
-from flows.validate import gate_task
+from flows.chain import catalog, write_json
+from flows.runs import RUNS, recorded_settings
+from flows.summary import stage_time
+from flows.validate import gate_task, staging, swap_staged
+from transforms.lake import scan_table
 from transforms.prompts import PromptSettings
 from transforms.records import MODES, RecordsSummary, export_chat_jsonl, write_records
 
@@ -22,8 +27,16 @@ def summary_path(lake: str | Path) -> Path:
 
 
 @task(name="build-records", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def build(lake: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
-    return write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states).model_dump()
+def build(lake: str, staged: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
+    """Render the lake's states into ``staged``; the lake's records stay until the gate passes."""
+    built = write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states, out=staged)
+    return built.model_dump()
+
+
+def with_lake_geometry(lake: str, settings: PromptSettings | None) -> PromptSettings:
+    """The prompt settings with the geometry the lake was ingested with: one Geometry per lake."""
+    settings = settings or PromptSettings()
+    return settings.model_copy(update={"geometry": recorded_settings(lake).geometry})
 
 
 @task(name="export-chat-jsonl", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -66,14 +79,22 @@ def records_flow(
     export_jsonl: str | None = None,
     export_splits: list[str] | None = None,
 ) -> dict:
-    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export."""
-    settings = settings or PromptSettings()
+    """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export.
+    The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says."""
+    started = time.perf_counter()
+    settings = with_lake_geometry(lake, settings)
     modes = modes or list(MODES)
-    result: dict = {"records": build(lake, modes, settings, chunk_states)}
+    with staging(lake) as staged:
+        result: dict = {"records": build(lake, staged, modes, settings, chunk_states)}
+        steps = scan_table(lake, "steps").select(pl.len()).collect().item()
+        kept = {"records": {"rows_in": steps, "rows_out": result["records"]["records"]}}
+        gate = gate_task(lake, ["records"], stage="records", staged=staged, accounting=kept)
+        result["validation"] = gate["run_id"]
+        swap_staged(lake, staged)
     catalog(lake)
-    result["validation"] = gate_task(lake, ["records"], stage="records")["run_id"]
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)
+    result["seconds"] = round(time.perf_counter() - started, 3)
     result["summary"] = record_run(lake, result)
     return result
 
@@ -92,15 +113,13 @@ def print_records_summary(console: Console, result: dict) -> None:
     if "export" in result:
         console.print(f"exported {result['export']['lines']:,} chat lines to {result['export']['path']}")
     console.print(f"summary: {result['summary']}")
+    console.print(stage_time("records", result))
 
 
 def records_command(
     lake: str,
     mode: str = "both",
-    window_single: int = 10,
-    window_cross: int = 20,
-    recent_clicks: int = 20,
-    recent_buys: int = 20,
+    settings: PromptSettings | None = None,
     chunk_states: int = 100_000,
     export_jsonl: str | None = None,
     export_split: str = "train",
@@ -112,12 +131,6 @@ def records_command(
     modes = list(MODES) if mode == "both" else [mode]
     if any(m not in MODES for m in modes):
         raise ValueError(f"mode must be single, cross or both, got {mode!r}")
-    settings = PromptSettings(
-        window_single=window_single,
-        window_cross=window_cross,
-        recent_clicks=recent_clicks,
-        recent_buys=recent_buys,
-    )
     splits = None if export_split == "all" else [s.strip() for s in export_split.split(",") if s.strip()]
     result = records_flow(
         str(Path(lake).resolve()),

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from transforms.config import IngestSettings
 from transforms.lake import table_dir, table_files, write_quarantine, write_table
-from transforms.schemas import LAKE_TABLES
+from transforms.schemas import LAKE_TABLES, QUARANTINE, polars_schema
 from validation.report import (
     DOCS_DIR,
     EXAMPLES,
@@ -239,14 +239,20 @@ def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
     )
 
 
-def route(lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool) -> int:
-    """Move rows failing row-level warn checks to quarantine; rewrite the table. Returns rows moved."""
+def route(
+    lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool, target: Path
+) -> int:
+    """Move rows failing row-level warn checks to quarantine; rewrite the table under ``target`` (the
+    lake, or the stage's staging folder). Returns rows moved."""
     tags = _reasons(suite, outcomes)
     stage = quarantine_stage(suite.table)
     existing = table_dir(lake, "quarantine") / f"stage={stage}"
     if tags.height == 0:
-        if replace and existing.exists():
+        if replace and existing.exists() and target == lake:
             shutil.rmtree(existing)  # the stage rewrote the table: earlier gate rejects are stale
+        elif replace and existing.exists():
+            # an empty partition, so the swap retires the stale one
+            write_quarantine(target, stage, polars_schema(QUARANTINE).to_frame().drop("stage"))
         return 0
     declared = suite.schema.names
     rejected = frame.join(tags, on=ROW, how="inner")
@@ -258,13 +264,72 @@ def route(lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Out
         "detail",
         pl.struct(declared).struct.json_encode().alias("payload"),
         pl.lit(False).alias("kept"),
-        pl.lit(stage).alias("stage"),
     )
     if not replace and existing.exists():
         rows = pl.concat([pl.read_parquet(existing, hive_partitioning=False).select(rows.columns), rows])
-    write_table(lake, suite.table, frame.join(tags, on=ROW, how="anti").select(declared))
-    write_quarantine(lake, stage, rows.drop("stage"))
+    write_table(target, suite.table, frame.join(tags, on=ROW, how="anti").select(declared))
+    write_quarantine(target, stage, rows)
     return tags.height
+
+
+# --- what a stage lost ----------------------------------------------------------
+
+LOSS_SUITE = "stage.losses"
+TOP_REASONS = 3
+
+
+def lost_reasons(source: Path, stage: str) -> pl.DataFrame:
+    """(table, reason, rows) of the rows ``stage`` rejected (kept flags are not losses), most first."""
+    folder = table_dir(source, "quarantine") / f"stage={stage}"
+    if not folder.exists():
+        return pl.DataFrame(schema={"table": pl.String, "reason": pl.String, "rows": pl.UInt32})
+    return (
+        pl.scan_parquet(folder / "**" / "*.parquet", hive_partitioning=False)
+        .filter(~pl.col("kept"))
+        .group_by("table", "reason")
+        .agg(pl.len().alias("rows"))
+        .sort(["rows", "reason"], descending=[True, False])
+        .collect()
+    )
+
+
+def _loss(table: str, check: str, expectation: str, doc: str, lost: int, rows_in: int) -> Outcome:
+    o = Outcome(LOSS_SUITE, table, check, expectation, "error", "table", doc, success=lost == 0)
+    o.evaluated, o.unexpected = rows_in, lost
+    return o
+
+
+def loss_outcomes(
+    accounting: dict[str, dict[str, int]], reasons: pl.DataFrame, max_share: float
+) -> list[Outcome]:
+    """Per input table: an error when no row was kept from a non-empty input, or when more than
+    ``max_share`` of its rows were quarantined; examples are the top reasons with their counts."""
+    outcomes = []
+    for table, c in accounting.items():
+        rows_in, quarantined = c["rows_in"], c.get("quarantined", 0)
+        nothing_kept = rows_in > 0 and c["rows_out"] == 0
+        too_many = quarantined > max_share * rows_in
+        kept = _loss(
+            table,
+            "rows_kept",
+            "rows out > 0 when rows in > 0",
+            "the stage keeps rows of a non-empty input",
+            rows_in if nothing_kept else 0,
+            rows_in,
+        )
+        share = _loss(
+            table,
+            "quarantined_share",
+            f"quarantined / rows in <= {max_share:g}",
+            f"at most {max_share:.0%} of the rows are quarantined",
+            quarantined if too_many else 0,
+            rows_in,
+        )
+        top = reasons.filter(pl.col("table") == table).head(TOP_REASONS).select("reason", "rows").to_dicts()
+        for o in (kept, share):
+            o.examples = [] if o.success else top
+        outcomes += [kept, share]
+    return outcomes
 
 
 # --- the run ------------------------------------------------------------------
@@ -281,10 +346,19 @@ class Checked:
 class Gate:
     """One gate run: its id, folders, GE runner and everything it validated."""
 
-    def __init__(self, lake: Path, stage: str, settings: IngestSettings | None, batch_rows: int) -> None:
+    def __init__(
+        self,
+        lake: Path,
+        stage: str,
+        settings: IngestSettings | None,
+        batch_rows: int,
+        staged: Path | None = None,
+    ) -> None:
         from validation.ge import Runner
 
         self.lake, self.stage, self.batch_rows = lake, stage, batch_rows
+        # the tables validated (and rewritten by routing) live here; run files and docs go to the lake
+        self.source = staged if staged is not None else lake
         self.suites = all_suites(settings)
         now = datetime.now(UTC)
         self.run_id = f"{now:%Y%m%dT%H%M%S}Z-{stage}-{uuid.uuid4().hex[:6]}"
@@ -305,14 +379,14 @@ class Gate:
     def lake_table(self, name: str) -> Checked:
         suite = self.suites[name]
         report = TableReport(name, suite.name, suite.version)
-        files = table_files(self.lake, name)
+        files = table_files(self.source, name)
         if not files:
             return self._record(Checked(suite, None, [self._missing(suite)], report))
         schema = schema_suite(suite)
         outcomes = self._run(schema, prepare(schema, schema_frame(suite.schema, files)))
         if any(o.stops for o in outcomes):
             return self._record(Checked(suite, None, outcomes, report))
-        loaded = load_lake_table(self.lake, suite, files)
+        loaded = load_lake_table(self.source, suite, files)
         frame = prepare(suite, loaded.frame)
         report.rows_in = report.rows_out = frame.height
         return self._record(Checked(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
@@ -324,7 +398,7 @@ class Gate:
         return self._record(Checked(suite, None, self._run(suite, prepared), report))
 
     def _missing(self, suite: TableSuite) -> Outcome:
-        doc = f"the table has Parquet files under {table_dir(self.lake, suite.table)}"
+        doc = f"the table has Parquet files under {table_dir(self.source, suite.table)}"
         outcome = Outcome(suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False)
         self.summary.outcomes.append(outcome)
         return outcome
@@ -344,7 +418,7 @@ class Gate:
                 continue
             if not c.loaded.full and any(o.routes for o in c.outcomes):
                 raise AssertionError(f"{c.suite.name}: row-level checks need every column loaded")
-            moved = route(self.lake, c.suite, c.loaded.frame, c.outcomes, replace)
+            moved = route(self.lake, c.suite, c.loaded.frame, c.outcomes, replace, self.source)
             c.report.quarantined, c.report.rows_out = moved, c.report.rows_in - moved
 
     def finish(self, started: float, docs: bool) -> GateSummary:
@@ -379,6 +453,8 @@ def run_gate(
     settings: IngestSettings | None = None,
     batch_rows: int = BATCH_ROWS,
     docs: bool = True,
+    staged: str | Path | None = None,
+    accounting: dict[str, dict[str, int]] | None = None,
 ) -> GateSummary:
     """Validate lake ``tables`` (default: every present table with a suite) and, if ``raw``
     is given, the raw bundle's tables. Raises :class:`GateError` on an error-severity failure.
@@ -386,19 +462,29 @@ def run_gate(
     ``replace_quarantine``: the calling stage has just rewritten these tables, so the
     gate's earlier quarantine rows for them are replaced; on-demand runs append.
     ``docs=False`` skips rendering Data Docs (throwaway lakes in tests).
+    ``staged``: the stage's staging folder (``transforms.lake.Staging``): the tables are read
+    (and rewritten by routing) there, while run files and Data Docs go to the lake.
+    ``accounting``: the stage's rows per input table (``rows_in``, ``rows_out``, ``quarantined``),
+    judged by :func:`loss_outcomes` against ``settings.max_quarantined_share``; the reasons are
+    read from the stage's quarantine partition.
     """
     started = time.perf_counter()
     lake = Path(lake)
-    names = list(tables) if tables else lake_tables_present(lake)
+    source = Path(staged) if staged is not None else lake
+    names = list(tables) if tables else lake_tables_present(source)
     unknown = [n for n in names if n not in all_suites(settings) or n not in LAKE_TABLES]
     if unknown:
         known = ", ".join(n for n in LAKE_TABLES if n in all_suites(settings))
         raise ValueError(f"no validation suite for {', '.join(unknown)}; tables with suites: {known}")
-    gate = Gate(lake, stage, settings, batch_rows)
+    gate = Gate(lake, stage, settings, batch_rows, source)
+    settings = settings or IngestSettings()
+    if accounting is not None:
+        reasons = lost_reasons(source, stage)
+        gate.summary.outcomes += loss_outcomes(accounting, reasons, settings.max_quarantined_share)
     for name in names:
         gate.lake_table(name)
     if raw is not None:
-        for name, frame in read_raw(raw, settings or IngestSettings()).items():
+        for name, frame in read_raw(raw, settings).items():
             gate.raw_table(name, frame)
     if gate.summary.ok:
         gate.route_all(replace_quarantine)
