@@ -10,6 +10,13 @@ Per table:
    ``batch_rows`` and validated by GE batch by batch; counts and failing row
    numbers are combined across batches (``mostly`` is judged on the totals).
 
+Raw tables are read chunk by chunk through ``transforms.readers.read_tables`` (memory bounded by a
+chunk); their key uniqueness is judged on the whole table from a first pass of key hashes.
+
+A stage's gate reads its tables from the stage's staging folder (``staged``), before they replace
+the lake's, and first checks what the stage lost (``loss_outcomes``): nothing kept from a non-empty
+input, or more than ``max_quarantined_share`` of an input table quarantined, stops the run.
+
 If any error-severity expectation fails, nothing is rewritten and
 :class:`GateError` is raised. Otherwise rows failing a row-level ``warn`` check
 move to quarantine (stage ``validate-<table>``, reason
@@ -22,7 +29,7 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +41,7 @@ import pyarrow.parquet as pq
 
 from transforms.config import IngestSettings
 from transforms.lake import table_dir, table_files, write_quarantine, write_table
-from transforms.schemas import LAKE_TABLES, QUARANTINE, polars_schema
+from transforms.schemas import LAKE_TABLES, QUARANTINE, RAW_TABLES, polars_schema
 from validation.report import (
     DOCS_DIR,
     EXAMPLES,
@@ -129,12 +136,17 @@ def load_raw_table(frame: pl.DataFrame) -> Loaded:
     return Loaded(located, full=False)
 
 
-def prepare(suite: TableSuite, frame: pl.DataFrame) -> pl.DataFrame:
-    helpers = [h.build().alias(h.name) for h in suite.helpers]
-    out = frame.with_columns(helpers) if helpers else frame
+def prepare(
+    suite: TableSuite, frame: pl.DataFrame, first_row: int = 0, helpers: Sequence[pl.Expr] = ()
+) -> pl.DataFrame:
+    """Helper columns (``helpers`` replace the suite's own of the same name), raw ids dropped, and
+    ``ROW`` numbered from ``first_row`` (a chunk's place in its table)."""
+    given = {h.meta.output_name() for h in helpers}
+    built = [h.build().alias(h.name) for h in suite.helpers if h.name not in given]
+    out = frame.with_columns([*built, *helpers]) if built or helpers else frame
     if suite.raw:
         out = out.drop([c for c in RAW_ID_COLUMNS if c in out.columns])
-    return out.with_row_index(ROW)
+    return out.with_row_index(ROW, offset=first_row)
 
 
 def batches(suite: TableSuite, frame: pl.DataFrame, batch_rows: int) -> Iterator[Any]:
@@ -391,11 +403,32 @@ class Gate:
         report.rows_in = report.rows_out = frame.height
         return self._record(Checked(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
 
-    def raw_table(self, name: str, frame: pl.DataFrame) -> Checked:
-        suite = self.suites[f"raw.{name}"]
-        report = TableReport(suite.name, suite.name, suite.version, frame.height, frame.height)
-        prepared = prepare(suite, load_raw_table(frame).frame)
-        return self._record(Checked(suite, None, self._run(suite, prepared), report))
+    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> Checked | None:
+        """A raw table chunk by chunk (each chunk prepared with ``prepare``'s global row numbers);
+        counts are combined over all chunks, examples taken from the chunks they lie in."""
+        results: list[Any] = []
+        examples: dict[str, list[dict[str, Any]]] = {}
+        rows = 0
+        for frame in chunks:
+            part = self.runner.validate(suite, batches(suite, frame, self.batch_rows), first=len(results))
+            found = combine(suite, part)
+            for o in found:
+                o.success = o.success and not o.rows  # a check judged on the totals keeps its examples
+            attach_examples(suite, frame, found)
+            for o in found:
+                kept = examples.setdefault(o.check, [])
+                kept += o.examples[: EXAMPLES - len(kept)]
+            results += part
+            rows += frame.height
+        if not results:
+            return None  # nothing readable: the ingest's quarantine has every row
+        self.results += [r.to_json_dict() for r in results]
+        outcomes = combine(suite, results)
+        for o in outcomes:
+            o.examples = [] if o.success else examples.get(o.check, [])
+        self.summary.outcomes += outcomes
+        report = TableReport(suite.name, suite.name, suite.version, rows, rows)
+        return self._record(Checked(suite, None, outcomes, report))
 
     def _missing(self, suite: TableSuite) -> Outcome:
         doc = f"the table has Parquet files under {table_dir(self.source, suite.table)}"
@@ -435,12 +468,50 @@ def lake_tables_present(lake: Path) -> list[str]:
     return [n for n in LAKE_TABLES if n in suites and table_files(lake, n)]
 
 
-def read_raw(raw: str | Path, settings: IngestSettings) -> dict[str, pl.DataFrame]:
-    from transforms.readers import read_bundle
-    from transforms.rekey import Pseudonymizer
+# --- raw bundles, chunk by chunk -----------------------------------------------------
 
-    bundle = read_bundle(raw, settings.timestamp_unit, Pseudonymizer(settings.rekey_key))
-    return {name: t.frame for name, t in bundle.items() if t.frame.width}
+KEY_SEED = 0x5EED  # any constant: the hashes never leave the gate run
+
+
+def key_hash(keys: Sequence[str]) -> pl.Expr:
+    return pl.struct(list(keys)).hash(KEY_SEED)
+
+
+class RawBundle:
+    """A raw bundle read through the chunked reader (``transforms.readers.read_tables``), so memory
+    is bounded by a chunk: key uniqueness, the one check across rows, comes from a first pass that
+    keeps only a 64-bit hash per row."""
+
+    def __init__(self, raw: str | Path, settings: IngestSettings, chunk_rows: int) -> None:
+        from transforms.readers import check_bundle
+        from transforms.rekey import Pseudonymizer
+
+        self.root = check_bundle(raw)
+        self.unit, self.chunk_rows = settings.timestamp_unit, chunk_rows
+        self.pseudonymize = Pseudonymizer(settings.rekey_key)
+
+    def frames(self, table: str) -> Iterator[pl.DataFrame]:
+        """The table's typed chunks, locators renamed for the gate."""
+        from transforms.readers import read_tables
+
+        for chunk in read_tables(self.root, [table], self.unit, self.pseudonymize, self.chunk_rows):
+            if chunk.frame.width and chunk.frame.height:
+                yield load_raw_table(chunk.frame).frame
+
+    def duplicated_keys(self, keys: Sequence[str], table: str) -> pl.Series:
+        """Hashes of the keys that occur more than once in the whole table."""
+        hashes = [frame.select(key_hash(keys)).to_series() for frame in self.frames(table)]
+        every = pl.concat(hashes) if hashes else pl.Series(dtype=pl.UInt64)
+        return every.filter(every.is_duplicated()).unique()
+
+    def prepared(self, suite: TableSuite) -> Iterator[pl.DataFrame]:
+        """Chunks ready for GE, ``_key_unique`` judged against the whole table."""
+        duplicated = self.duplicated_keys(suite.keys, suite.table) if suite.keys else None
+        unique = [] if duplicated is None else [~key_hash(suite.keys).is_in(duplicated).alias("_key_unique")]
+        rows = 0
+        for frame in self.frames(suite.table):
+            yield prepare(suite, frame, rows, unique)
+            rows += frame.height
 
 
 def run_gate(
@@ -484,8 +555,10 @@ def run_gate(
     for name in names:
         gate.lake_table(name)
     if raw is not None:
-        for name, frame in read_raw(raw, settings).items():
-            gate.raw_table(name, frame)
+        bundle = RawBundle(raw, settings, batch_rows)
+        for name in RAW_TABLES:
+            suite = gate.suites[f"raw.{name}"]
+            gate.raw_table(suite, bundle.prepared(suite))
     if gate.summary.ok:
         gate.route_all(replace_quarantine)
     summary = gate.finish(started, docs)

@@ -221,6 +221,28 @@ def test_mostly_is_judged_on_all_batches(tmp_path: Path):
     assert "profile__gender_not_null" in summary.tables["profiles"].warnings
 
 
+def test_raw_suites_run_chunk_by_chunk_and_see_keys_across_chunks(tmp_path: Path):
+    from tests.validation.torture import fault
+    from transforms.ingest import ingest_bundle
+
+    raw, lake = tmp_path / "raw", tmp_path / "lake"
+    fault("duplicate_event_id").build(raw)  # a second e11 with other values
+    ingest_bundle(raw, lake)
+    events = pl.read_parquet(raw / "events" / "part-0.parquet")
+    (raw / "events" / "part-0.parquet").unlink()
+    for n in range(4):  # 13 rows as files of 4, 4, 4, 1: with 4-row chunks, one chunk per file
+        events.slice(4 * n, 4).write_parquet(raw / "events" / f"part-{n}.parquet")
+    copies = events.with_row_index("row").filter(pl.col("event_id") == "e11")["row"].to_list()
+    assert len({row // 4 for row in copies}) == 2, "the two copies of e11 lie in different chunks"
+    summary = run_gate(lake, ["steps"], raw=raw, docs=False, batch_rows=4)
+    unique = next(o for o in summary.outcomes if o.suite == "raw.events" and o.check == "key_unique")
+    assert (unique.evaluated, unique.unexpected) == (13, 2)
+    # each example is located in its own file, at its row within that file
+    assert sorted(e["_at"] for e in unique.examples) == sorted(
+        f"events/part-{row // 4}.parquet row {row % 4}" for row in copies
+    )
+
+
 # --- staged tables and losses ---------------------------------------------------------
 
 
