@@ -4,6 +4,7 @@ previous lake byte for byte, and the CLI prints one paragraph naming the table, 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,17 @@ def test_a_toml_scroll_limit_is_honoured_by_alignment_gate_and_prompts(prefect_h
     assert validate_flow(str(lake), ["steps"])["ok"]
     system = read_table(lake, "records", ["system"])["system"]
     assert system.str.contains("integer 1..1000").all() and not system.str.contains("1..694").any()
+
+
+def test_later_stages_read_the_settings_the_lake_was_ingested_with(tmp_path):
+    from flows.runs import manifest_path, recorded_settings
+
+    assert recorded_settings(tmp_path) == IngestSettings(), "a lake no ingest recorded: the defaults"
+    used = IngestSettings(action_map={"favourite": "ipv_cart"}, split_ratios=(0.5, 0.25, 0.25), buckets=2)
+    manifest_path(tmp_path).parent.mkdir(parents=True)
+    manifest_path(tmp_path).write_text(
+        json.dumps({"settings": used.model_dump(mode="json", exclude={"rekey_key"})})
+    )
+    recorded = recorded_settings(tmp_path)
+    assert recorded.action_map == {"favourite": "ipv_cart"} and recorded.split_ratios == (0.5, 0.25, 0.25)
+    assert recorded.buckets == 2 and recorded.geometry == used.geometry
