@@ -15,9 +15,10 @@ from pydantic import BaseModel
 Settings = TypeVar("Settings", bound=BaseModel)
 
 
-def load_settings(model: type[Settings], section: str, config: Path | None, **flags: object) -> Settings:
+def load_settings(model: type[Settings], section: str, config: Path | None, /, **flags: object) -> Settings:
     """``model`` from ``[section]`` of the TOML file ``config`` (if given), with the flags that were
-    set (not None) on top; a pydantic-settings model adds its environment variables under both."""
+    set (not None) on top; a pydantic-settings model adds its environment variables under both.
+    The first three are positional only: a flag may be called ``model`` (the extract model)."""
     values = tomllib.loads(config.read_text()).get(section, {}) if config else {}
     values.update({k: v for k, v in flags.items() if v is not None})
     return model(**values)
