@@ -16,12 +16,11 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
-from flows.runs import RUNS
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
 from transforms.catalog import refresh_catalog
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
-from transforms.lake import scan_table, table_dir, write_table
+from transforms.lake import RUNS, scan_table, table_dir, write_table
 
 
 def summary_path(lake: str | Path) -> Path:

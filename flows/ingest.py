@@ -10,12 +10,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.runs import manifest_path
 from flows.validate import gate_task, quiet_tracebacks, staging, swap_staged
 from transforms.catalog import refresh_catalog
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import table_files
+from transforms.lake import manifest_path, table_files
 from transforms.readers import BundleError, bundle_fingerprint
 
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only

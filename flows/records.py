@@ -14,10 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.chain import catalog, write_json
-from flows.runs import RUNS, recorded_settings
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
-from transforms.lake import scan_table
+from transforms.lake import RUNS, recorded_settings, scan_table
 from transforms.prompts import PromptSettings
 from transforms.records import MODES, RecordsSummary, export_chat_jsonl, write_records
 

@@ -23,9 +23,8 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
-from flows.runs import recorded_settings
 from transforms.config import IngestSettings
-from transforms.lake import Staging
+from transforms.lake import Staging, recorded_settings
 from validation.report import GateError, GateSummary
 
 

@@ -18,6 +18,7 @@ validate them there; only tables that passed are swapped into the lake.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -27,9 +28,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from transforms.config import IngestSettings
 from transforms.schemas import LAKE_TABLES, PARTITIONED, QUARANTINE, polars_schema
 
 STAGING = ".staging"
+RUNS = "_runs"  # what the stages record beside the tables
 # Null counts only: rows lie in user-bucket and page-view-hash order, so the min/max of a row group
 # spans nearly the whole range of any column and would prune nothing (they cost a fifth of a write).
 ROW_GROUP_STATISTICS = {"min": False, "max": False, "distinct_count": False, "null_count": True}
@@ -216,3 +219,17 @@ def scan_table(lake: str | Path, name: str, columns: Sequence[str] | None = None
 
 def read_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
     return scan_table(lake, name, columns).collect()
+
+
+def manifest_path(lake: str | Path) -> Path:
+    """The last ingest's summary, with the settings it ran with."""
+    return Path(lake) / RUNS / "ingest" / "latest.json"
+
+
+def recorded_settings(lake: str | Path) -> IngestSettings:
+    """The settings of the ingest that built ``lake``, so every later reader (gates, prompts, the
+    environment) sees the lake as it was built; the key itself is never recorded (it comes from the
+    environment). Defaults for a lake no ingest has recorded."""
+    path = manifest_path(lake)
+    recorded = json.loads(path.read_text()).get("settings", {}) if path.exists() else {}
+    return IngestSettings(**recorded)

@@ -124,7 +124,7 @@ def test_a_toml_scroll_limit_is_honoured_by_alignment_gate_and_prompts(prefect_h
 
 
 def test_later_stages_read_the_settings_the_lake_was_ingested_with(tmp_path):
-    from flows.runs import manifest_path, recorded_settings
+    from transforms.lake import manifest_path, recorded_settings
 
     assert recorded_settings(tmp_path) == IngestSettings(), "a lake no ingest recorded: the defaults"
     used = IngestSettings(action_map={"favourite": "ipv_cart"}, split_ratios=(0.5, 0.25, 0.25), buckets=2)
