@@ -7,6 +7,8 @@
 
 Variants, each run in its own process so peak RSS is its own:
 - ``ingest``: ``transforms.ingest.ingest_bundle`` (readers, checks, alignment, lake writes);
+- ``ingest-gated``: what ``trajforge ingest`` runs, without Prefect: the ingest into a staging
+  folder, its validation gate (lake and raw suites, the loss checks, Data Docs), then the swap;
 - ``pandas``: a straightforward pandas implementation of the same step alignment,
   one ``groupby(...).apply`` per session (the baseline a first version would write);
 - ``floor``: read the same raw bundle and write as many bytes of zstd Parquet as the ingest
@@ -60,6 +62,36 @@ def run_ingest(raw: Path, out: Path, target_bytes: int) -> int:
     from transforms.ingest import ingest_bundle
 
     result = ingest_bundle(raw, out, progress=_phase)
+    return result.counts["events"].rows_in
+
+
+def run_ingest_gated(raw: Path, out: Path, target_bytes: int) -> int:
+    from flows.ingest import INGESTED_TABLES
+    from transforms.config import IngestSettings
+    from transforms.ingest import ingest_bundle
+    from transforms.lake import Staging
+    from validation.gate import run_gate
+
+    settings, staged = IngestSettings(), Staging(out)
+    try:
+        result = ingest_bundle(raw, out, settings, progress=_phase, staging=staged.open())
+        _phase("gate")
+        accounting = result.to_json()["counts"]
+        tables = list(INGESTED_TABLES)
+        run_gate(
+            out,
+            tables,
+            stage="ingest",
+            replace_quarantine=True,
+            raw=raw,
+            settings=settings,
+            staged=staged.root,
+            accounting=accounting,
+        )
+        _phase("swap")
+        staged.commit()
+    finally:
+        staged.discard()
     return result.counts["events"].rows_in
 
 
@@ -163,11 +195,18 @@ def run_pandas(raw: Path, out: Path, target_bytes: int) -> int:
     return len(events)
 
 
-VARIANTS = {"ingest": run_ingest, "pandas": run_pandas, "floor": run_floor, "floor-polars": run_floor_polars}
+VARIANTS = {
+    "ingest": run_ingest,
+    "ingest-gated": run_ingest_gated,
+    "pandas": run_pandas,
+    "floor": run_floor,
+    "floor-polars": run_floor_polars,
+}
 #: modules each variant imports before its clock starts: interpreter and library start-up is the
 #: same for any bundle size, so the timings compare the work on the data alone
 IMPORTS = {
     "ingest": ("transforms.ingest",),
+    "ingest-gated": ("transforms.ingest", "validation.gate", "validation.ge", "flows.ingest"),
     "pandas": ("pandas",),
     "floor": ("pyarrow.parquet",),
     "floor-polars": ("polars",),

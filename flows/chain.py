@@ -1,12 +1,15 @@
-"""The chain flow: sessions -> histories, a summary comparable with the paper, the catalog."""
+"""The chain flow: sessions -> staged histories -> gate -> lake, a summary comparable with the paper,
+the catalog."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import polars as pl
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -14,11 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
-from flows.validate import gate_task
+from flows.summary import stage_time
+from flows.validate import gate_task, staging, swap_staged
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
-from transforms.lake import scan_table, write_table
-
-RUNS = "_runs"
+from transforms.lake import RUNS, scan_table, table_dir, write_table
 
 
 def summary_path(lake: str | Path) -> Path:
@@ -34,12 +36,18 @@ def write_json(path: Path, payload: dict) -> None:
 
 
 @task(name="chain-histories", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def chain_histories(lake: str) -> dict:
-    """Read sessions, write histories; returns the statistics (small)."""
-    histories = chain(scan_table(lake, "sessions")).collect()
+def chain_histories(lake: str, staged: str) -> dict:
+    """Read the lake's sessions, write histories into ``staged``; returns the statistics (small)."""
+    sessions = scan_table(lake, "sessions")
+    histories = chain(sessions).collect()
     stats = chain_stats(histories)
-    path = write_table(lake, "histories", histories)
-    return {"histories": str(path), "rows": histories.height, "stats": stats.model_dump()}
+    write_table(staged, "histories", histories)
+    return {
+        "histories": str(table_dir(lake, "histories")),
+        "rows": histories.height,
+        "sessions": sessions.select(pl.len()).collect().item(),
+        "stats": stats.model_dump(),
+    }
 
 
 @task(name="record-chain-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
@@ -55,9 +63,15 @@ def record_run(lake: str, result: dict) -> str:
 @flow(name="chain")
 def chain_flow(lake: str) -> dict:
     """sessions -> histories (one row per user) + statistics summary."""
-    result = chain_histories(lake)
+    started = time.perf_counter()
+    with staging(lake) as staged:
+        result = chain_histories(lake, staged)
+        kept = {"histories": {"rows_in": result["sessions"], "rows_out": result["rows"]}}
+        gate = gate_task(lake, ["histories"], stage="chain", staged=staged, accounting=kept)
+        result["validation"] = gate["run_id"]
+        swap_staged(lake, staged)
     refresh_catalog_task(lake)
-    result["validation"] = gate_task(lake, ["histories"], stage="chain")["run_id"]
+    result["seconds"] = round(time.perf_counter() - started, 3)
     summary = record_run(lake, result)
     return {**result, "summary": summary}
 
@@ -80,6 +94,7 @@ def print_chain_summary(console: Console, result: dict) -> None:
     console.print(
         f"histories: {result['histories']} ({result['rows']:,} users)   summary: {result['summary']}"
     )
+    console.print(stage_time("chain", result))
 
 
 def chain_command(lake: str) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import tomllib
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.interrupt import InterruptibleGroup
+from flows.settings import load_settings
 from flows.summary import print_ingest_summary, progress_bar
 from transforms.config import IngestSettings
 
@@ -26,8 +26,12 @@ console = Console()
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
 ConfigOption = Annotated[
     Path | None,
-    # escaped: Rich would read [ingest] as markup and print nothing in its place
-    typer.Option("--config", help="TOML file with \\[ingest] settings", exists=True, dir_okay=False),
+    typer.Option(
+        "--config",
+        help="TOML settings file; each command reads its own section: ingest, records, extract",
+        exists=True,
+        dir_okay=False,
+    ),
 ]
 
 
@@ -35,13 +39,6 @@ def stopped(err: Exception) -> typer.Exit:
     """Print a stage's clean stop (a gate or a bundle problem) as its paragraph, no traceback."""
     console.print(f"[red]stopped:[/red] {err}", soft_wrap=True)
     return typer.Exit(1)
-
-
-def load_settings(config: Path | None, **overrides: object) -> IngestSettings:
-    """Settings from TOML ``[ingest]`` (if given), then environment, then CLI flags."""
-    values = tomllib.loads(config.read_text()).get("ingest", {}) if config else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return IngestSettings(**values)
 
 
 @app.command()
@@ -83,8 +80,7 @@ def ingest(
     from transforms.readers import BundleError
     from validation.report import GateError
 
-    settings = load_settings(config, buckets=buckets)
-    started = time.perf_counter()
+    settings = load_settings(IngestSettings, "ingest", config, buckets=buckets)
     try:
         with progress_bar(console) as bar:
             bar.add_task(f"ingesting {raw}", total=None)
@@ -97,7 +93,7 @@ def ingest(
             )
     except (BundleError, GateError) as err:
         raise stopped(err) from None
-    print_ingest_summary(console, summary, time.perf_counter() - started)
+    print_ingest_summary(console, summary)
 
 
 @app.command()
@@ -115,11 +111,16 @@ def chain(lake: LakeOption = Path("sample/lake")) -> None:
 @app.command()
 def records(
     lake: LakeOption = Path("sample/lake"),
+    config: ConfigOption = None,
     mode: Annotated[str, typer.Option("--mode", help="single | cross | both")] = "both",
-    window_single: Annotated[int, typer.Option("--window-single", help="past steps shown, single mode")] = 10,
-    window_cross: Annotated[int, typer.Option("--window-cross", help="past steps shown, cross mode")] = 20,
-    recent_clicks: Annotated[int, typer.Option("--recent-clicks")] = 20,
-    recent_buys: Annotated[int, typer.Option("--recent-buys")] = 20,
+    window_single: Annotated[
+        int | None, typer.Option("--window-single", help="past steps shown, single mode (10)")
+    ] = None,
+    window_cross: Annotated[
+        int | None, typer.Option("--window-cross", help="past steps shown, cross mode (20)")
+    ] = None,
+    recent_clicks: Annotated[int | None, typer.Option("--recent-clicks", help="(20)")] = None,
+    recent_buys: Annotated[int | None, typer.Option("--recent-buys", help="(20)")] = None,
     chunk_states: Annotated[int, typer.Option("--chunk-states", help="states rendered per batch")] = 100_000,
     export_jsonl: Annotated[
         Path | None,
@@ -131,17 +132,24 @@ def records(
 ) -> None:
     """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
     from flows.records import records_command
+    from transforms.prompts import PromptSettings
     from transforms.records import NothingToTrainOn
     from validation.report import GateError
 
+    settings = load_settings(
+        PromptSettings,
+        "records",
+        config,
+        window_single=window_single,
+        window_cross=window_cross,
+        recent_clicks=recent_clicks,
+        recent_buys=recent_buys,
+    )
     try:
         records_command(
             str(lake),
             mode,
-            window_single,
-            window_cross,
-            recent_clicks,
-            recent_buys,
+            settings,
             chunk_states,
             str(export_jsonl) if export_jsonl else None,
             export_split,
@@ -209,28 +217,36 @@ def run(
     ),
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
+    config: ConfigOption = None,
 ) -> None:
     """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow
     (ingest, chain, records, offline extraction, every stage validated)."""
+    from extractors.config import ExtractSettings
     from flows.chain import print_chain_summary
     from flows.extract import print_summary as print_extract_summary
     from flows.pipeline import pipeline_flow
     from flows.records import print_records_summary
+    from transforms.prompts import PromptSettings
     from transforms.readers import BundleError
     from validation.report import GateError
 
     started = time.perf_counter()
+    stages = {
+        "settings": load_settings(IngestSettings, "ingest", config),
+        "records": load_settings(PromptSettings, "records", config),
+        "extract": load_settings(ExtractSettings, "extract", config),
+    }
     raw, lake = workdir / "raw", workdir / "lake"
     synth(out=raw, users=users, seed=seed, fmt="parquet")
     try:
         with progress_bar(console) as bar:
             bar.add_task("pipeline: ingest -> chain -> records -> extract -> records (gated)", total=None)
-            result = pipeline_flow(str(raw.resolve()), str(lake.resolve()))
+            result = pipeline_flow(str(raw.resolve()), str(lake.resolve()), **stages)
     except (BundleError, GateError) as err:
         raise stopped(err) from None
-    print_ingest_summary(console, result["ingest"], time.perf_counter() - started)
+    print_ingest_summary(console, result["ingest"])
     print_chain_summary(console, result["chain"])
-    print_extract_summary(console, result["extract"], time.perf_counter() - started)
+    print_extract_summary(console, result["extract"])
     print_records_summary(console, result["records"])
     catalog = (lake / "warehouse.duckdb").resolve()
     console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")

@@ -8,7 +8,6 @@ key) carry from one bucket to the next.
 from __future__ import annotations
 
 import time
-import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +22,8 @@ from rich.table import Table
 from extractors.config import ExtractSettings
 from extractors.pipeline import BucketReport, Carry, extract_bucket, finalize, record_buckets
 from flows.catalog import refresh_catalog_task
+from flows.settings import load_settings
+from flows.summary import stage_time
 from flows.validate import gate_task
 
 
@@ -58,6 +59,7 @@ def assemble(
 def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str, Any]:
     """Intents (train trajectories) and rationales (every recorded action) into the lake."""
     settings = settings or ExtractSettings()
+    clock = time.perf_counter()
     started = datetime.now(UTC).isoformat()
     reports: list[dict[str, Any]] = []
     carry: dict[str, Any] = {}
@@ -67,6 +69,7 @@ def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str
     summary = assemble(lake, settings, reports, started)
     refresh_catalog_task(lake)  # intents and rationales are new tables: SQL sees them right away
     summary["validation"] = gate_task(lake, ["intents", "rationales", "records"], stage="extract")["run_id"]
+    summary["seconds"] = round(time.perf_counter() - clock, 3)
     return summary
 
 
@@ -105,13 +108,6 @@ def spend_line(summary: dict[str, Any]) -> str:
 # --- the CLI command (registered by flows/cli.py) -------------------------------------------------
 
 
-def load_settings(config: Path | None, **overrides: object) -> ExtractSettings:
-    """Settings from TOML ``[extract]`` (if given), then ``TRAJFORGE_EXTRACT_*`` env, then CLI flags."""
-    values = tomllib.loads(config.read_text()).get("extract", {}) if config else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return ExtractSettings(**values)
-
-
 def extract_command(
     lake: Annotated[
         str, typer.Option("--lake", help="lake folder with records, steps and items")
@@ -135,6 +131,8 @@ def extract_command(
 ) -> dict[str, Any]:
     """Extract intents and rationales and fill the gold responses in ``records``."""
     settings = load_settings(
+        ExtractSettings,
+        "extract",
         config,
         backend=backend,
         base_url=base_url,
@@ -145,13 +143,12 @@ def extract_command(
         max_tokens=max_tokens,
         request_timeout_s=request_timeout,
     )
-    started = time.perf_counter()
     summary = extract_flow(str(Path(lake).resolve()), settings=settings)
-    print_summary(Console(), summary, time.perf_counter() - started)
+    print_summary(Console(), summary)
     return summary
 
 
-def print_summary(console: Console, summary: dict[str, Any], wall: float) -> None:
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
     table = Table(
         title=f"extract ({summary['backend']}, {summary['model']}): jobs = ok + quarantined + pending"
     )
@@ -174,4 +171,4 @@ def print_summary(console: Console, summary: dict[str, Any], wall: float) -> Non
         console.print(f"quarantined: {summary['quarantine_by_reason']}")
     if summary["stopped"]:
         console.print(f"[yellow]stopped sending requests: {summary['stopped']} (re-run to resume)[/yellow]")
-    console.print(f"extract finished in {wall:.1f}s; lake: {summary['lake']}")
+    console.print(f"{stage_time('extract', summary)}; lake: {summary['lake']}")

@@ -1,8 +1,9 @@
-"""The ingest flow: raw log bundle -> lake tables -> DuckDB catalog -> validation gate."""
+"""The ingest flow: raw log bundle -> staged lake tables -> validation gate -> lake -> DuckDB catalog."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,22 +12,17 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.catalog import refresh_catalog_task
-from flows.validate import gate_task, quiet_tracebacks
+from flows.validate import gate_task, quiet_tracebacks, staging, swap_staged
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import table_files
+from transforms.lake import manifest_path, table_files
 from transforms.readers import BundleError, bundle_fingerprint
 
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
 
-RUNS = "_runs"
 WORLD_FILE = "world.json"
 GENERATED_BY = "trajforge.synthetic"  # the ``generator`` of a synthetic bundle's manifest
 INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
-
-
-def manifest_path(lake: str | Path) -> Path:
-    return Path(lake) / RUNS / "ingest" / "latest.json"
 
 
 @task(name="fingerprint-bundle", cache_policy=NO_CACHE)
@@ -35,7 +31,8 @@ def fingerprint(raw: str) -> str:
 
 
 @task(name="ingest-tables", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def ingest_tables(raw: str, lake: str, settings: IngestSettings, source_format: str) -> dict:
+def ingest_tables(raw: str, lake: str, staged: str, settings: IngestSettings, source_format: str) -> dict:
+    """Ingest ``raw`` into the staging folder ``staged``; the lake is untouched until the gate passes."""
     logger = get_run_logger()
     result = ingest_bundle(
         raw,
@@ -43,6 +40,7 @@ def ingest_tables(raw: str, lake: str, settings: IngestSettings, source_format: 
         settings,
         progress=lambda phase: logger.info("ingest: %s", phase),
         source_format=source_format,
+        staging=staged,
     )
     return result.to_json()
 
@@ -122,19 +120,29 @@ def ingest_flow(
     """Raw bundle (or UserArena release JSONL) -> steps, sessions, feed_layouts, items, profiles,
     history, quarantine; a no-op when the same input was already ingested with the same settings
     (``force`` re-runs)."""
+    started = time.perf_counter()
     settings = settings or IngestSettings()
     bundle = fingerprint(raw)
     previous = None if force else unchanged(lake, bundle, settings)
     if previous is not None:
         get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
-        return {**previous, "skipped": True}
-    summary = ingest_tables(raw, lake, settings, source_format)
+        return {**previous, "skipped": True, "seconds": round(time.perf_counter() - started, 3)}
+    with staging(lake) as staged:
+        summary = ingest_tables(raw, lake, staged, settings, source_format)
+        gate = gate_task(
+            lake,
+            list(INGESTED_TABLES),
+            stage="ingest",
+            raw=raw if source_format == "bundle" else None,
+            staged=staged,
+            settings=settings,
+            accounting=summary["counts"],
+        )
+        swap_staged(lake, staged)
     record_world_task(raw, lake)
     refresh_catalog_task(lake)
-    # the gate runs before the run is recorded: a stopped gate leaves no "unchanged" manifest behind
-    gate = gate_task(
-        lake, list(INGESTED_TABLES), stage="ingest", raw=raw if source_format == "bundle" else None
-    )
     summary["validation"] = {"run_id": gate["run_id"], "docs": gate["docs_index"]}
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    # recorded last: a stopped gate leaves no "unchanged" manifest behind
     record_run(lake, summary, bundle)
     return {**summary, "skipped": False}

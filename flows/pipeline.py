@@ -15,6 +15,7 @@ from flows.extract import extract_flow
 from flows.ingest import ingest_flow
 from flows.records import records_flow
 from transforms.config import IngestSettings
+from transforms.prompts import PromptSettings
 
 
 @flow(name="pipeline")
@@ -25,6 +26,7 @@ def pipeline_flow(
     settings: IngestSettings | None = None,
     force: bool = False,
     extract: ExtractSettings | None = None,
+    records: PromptSettings | None = None,
 ) -> dict:
     """Ingest ``raw`` into ``lake``, chain sessions, render records, extract intents and rationales
     (offline backend unless ``extract`` says otherwise); returns each stage's summary."""
@@ -32,8 +34,8 @@ def pipeline_flow(
     ingested = ingest_flow(raw, lake, settings=settings, force=force, source_format=source_format)
     logger.info("ingest: %s steps", ingested["output_rows"].get("steps"))
     chained = chain_flow(lake)
-    records_flow(lake)
+    records_flow(lake, settings=records)
     extracted = extract_flow(lake, settings=extract)
     # render again so each state's history window shows the rationales of the steps before it
-    rendered = records_flow(lake)
+    rendered = records_flow(lake, settings=records)
     return {"ingest": ingested, "chain": chained, "extract": extracted, "records": rendered}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import polars as pl
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
@@ -12,8 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
-from flows.chain import RUNS, write_json
-from flows.validate import gate_task
+from flows.chain import write_json
+from flows.summary import stage_time
+from flows.validate import gate_task, staging, swap_staged
+from transforms.lake import RUNS, recorded_settings, scan_table
 from transforms.prompts import PromptSettings
 from transforms.records import (
     MODES,
@@ -30,8 +34,16 @@ def summary_path(lake: str | Path) -> Path:
 
 
 @task(name="build-records", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def build(lake: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
-    return write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states).model_dump()
+def build(lake: str, staged: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
+    """Render the lake's states into ``staged``; the lake's records stay until the gate passes."""
+    built = write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states, out=staged)
+    return built.model_dump()
+
+
+def with_lake_geometry(lake: str, settings: PromptSettings | None) -> PromptSettings:
+    """The prompt settings with the geometry the lake was ingested with: one Geometry per lake."""
+    settings = settings or PromptSettings()
+    return settings.model_copy(update={"geometry": recorded_settings(lake).geometry})
 
 
 @task(name="export-chat-jsonl", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -78,14 +90,22 @@ def records_flow(
     export_splits: list[str] | None = None,
 ) -> dict:
     """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export
-    (with nothing to train on, its reason is in ``export.nothing_to_train_on``: see ``records_command``)."""
-    settings = settings or PromptSettings()
+    (with nothing to train on, its reason is in ``export.nothing_to_train_on``: see ``records_command``).
+    The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says."""
+    started = time.perf_counter()
+    settings = with_lake_geometry(lake, settings)
     modes = modes or list(MODES)
-    result: dict = {"records": build(lake, modes, settings, chunk_states)}
+    with staging(lake) as staged:
+        result: dict = {"records": build(lake, staged, modes, settings, chunk_states)}
+        steps = scan_table(lake, "steps").select(pl.len()).collect().item()
+        kept = {"records": {"rows_in": steps, "rows_out": result["records"]["records"]}}
+        gate = gate_task(lake, ["records"], stage="records", staged=staged, accounting=kept)
+        result["validation"] = gate["run_id"]
+        swap_staged(lake, staged)
     refresh_catalog_task(lake)
-    result["validation"] = gate_task(lake, ["records"], stage="records")["run_id"]
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)
+    result["seconds"] = round(time.perf_counter() - started, 3)
     result["summary"] = record_run(lake, result)
     return result
 
@@ -114,15 +134,13 @@ def print_records_summary(console: Console, result: dict) -> None:
         colour = "yellow" if result["export"].get("left_out") else "default"
         console.print(f"[{colour}]{export_line(result['export'])}[/{colour}]", soft_wrap=True)
     console.print(f"summary: {result['summary']}")
+    console.print(stage_time("records", result))
 
 
 def records_command(
     lake: str,
     mode: str = "both",
-    window_single: int = 10,
-    window_cross: int = 20,
-    recent_clicks: int = 20,
-    recent_buys: int = 20,
+    settings: PromptSettings | None = None,
     chunk_states: int = 100_000,
     export_jsonl: str | None = None,
     export_split: str = "train",
@@ -134,12 +152,6 @@ def records_command(
     modes = list(MODES) if mode == "both" else [mode]
     if any(m not in MODES for m in modes):
         raise ValueError(f"mode must be single, cross or both, got {mode!r}")
-    settings = PromptSettings(
-        window_single=window_single,
-        window_cross=window_cross,
-        recent_clicks=recent_clicks,
-        recent_buys=recent_buys,
-    )
     splits = None if export_split == "all" else [s.strip() for s in export_split.split(",") if s.strip()]
     result = records_flow(
         str(Path(lake).resolve()),

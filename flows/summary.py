@@ -19,7 +19,12 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
-def print_ingest_summary(console: Console, summary: dict, wall: float) -> None:
+def stage_time(stage: str, result: dict) -> str:
+    """The line closing a stage's summary: the stage's own elapsed time (``result["seconds"]``)."""
+    return f"{stage} finished in {result['seconds']:.1f}s"
+
+
+def print_ingest_summary(console: Console, summary: dict) -> None:
     counts = Table(title="ingest: rows in = rows out + quarantined + duplicates merged + dropped")
     for column in (
         "raw table",
@@ -64,7 +69,7 @@ def print_ingest_summary(console: Console, summary: dict, wall: float) -> None:
     if summary.get("validation"):
         console.print(f"validation passed; Data Docs: {summary['validation']['docs']}", soft_wrap=True)
     note = " (bundle unchanged: nothing rewritten)" if summary.get("skipped") else ""
-    console.print(f"ingest finished in {wall:.1f}s{note}; lake: {summary['lake']}")
+    console.print(f"{stage_time('ingest', summary)}{note}; lake: {summary['lake']}")
 
 
 UNBOUNDED = 1_000_000  # columns a table may take before Rich starts to shrink them

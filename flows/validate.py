@@ -1,5 +1,6 @@
-"""Validation in flows: ``gate_task`` after every stage, ``validate_flow`` and the
-``trajforge validate`` command on demand.
+"""Validation in flows: every stage writes into a staging folder (``staging``), ``gate_task``
+validates the staged tables, and only then ``swap_staged`` moves them into the lake;
+``validate_flow`` and the ``trajforge validate`` command run the gate on demand.
 
 A failed gate raises :class:`validation.report.GateError`, whose message is one
 paragraph; Prefect's run loggers are told not to print its traceback (the
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +23,8 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
+from transforms.config import IngestSettings
+from transforms.lake import Staging, recorded_settings
 from validation.report import GateError, GateSummary
 
 
@@ -73,9 +78,29 @@ def publish(summary: GateSummary) -> None:
     )
 
 
+@contextmanager
+def staging(lake: str) -> Iterator[str]:
+    """A fresh staging folder for one stage's tables, removed when the stage ends (swapped or not)."""
+    staged = Staging(lake)
+    staged.open()
+    try:
+        yield str(staged.root)
+    finally:
+        staged.discard()
+
+
 @task(name="validation-gate", cache_policy=NO_CACHE)
-def gate_task(lake: str, tables: list[str] | None, stage: str, raw: str | None = None) -> dict:
-    """Validate ``tables`` right after ``stage`` rewrote them; stops the flow on an error.
+def gate_task(
+    lake: str,
+    tables: list[str] | None,
+    stage: str,
+    raw: str | None = None,
+    staged: str | None = None,
+    settings: IngestSettings | None = None,
+    accounting: dict[str, dict[str, int]] | None = None,
+) -> dict:
+    """Validate ``tables`` as ``stage`` wrote them (in ``staged`` when given); stops the flow on an
+    error. ``settings``: those of the run that produced the tables (default: the lake's last ingest).
 
     Stage gates replace their earlier quarantine rows (the tables are new); the
     on-demand ``validate`` stage appends.
@@ -83,12 +108,27 @@ def gate_task(lake: str, tables: list[str] | None, stage: str, raw: str | None =
     from validation.gate import run_gate
 
     try:
-        summary = run_gate(lake, tables, stage=stage, replace_quarantine=stage != "validate", raw=raw)
+        summary = run_gate(
+            lake,
+            tables,
+            stage=stage,
+            replace_quarantine=stage != "validate",
+            raw=raw,
+            staged=staged,
+            settings=settings or recorded_settings(lake),
+            accounting=accounting,
+        )
     except GateError as err:
         publish(err.summary)
         raise
     publish(summary)
     return summary.to_dict()
+
+
+@task(name="swap-staged-tables", cache_policy=NO_CACHE)
+def swap_staged(lake: str, staged: str) -> list[str]:
+    """Move the gated tables of ``staged`` into the lake, one rename each."""
+    return [str(path) for path in Staging(lake, staged).commit()]
 
 
 @flow(name="validate")

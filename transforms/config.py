@@ -69,6 +69,12 @@ class IngestSettings(BaseSettings):
         description="feed + event rows up to which the parts stay in memory (about 1 GiB); "
         "larger bundles spill their parts to disk between the two passes",
     )
+    max_quarantined_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="the gate stops a stage that quarantines more than this share of any input table's rows",
+    )
     split_seed: int = 42
     split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
     zstd_level: int = 1  # zstd's fast end: ingest is write-heavy, the lake is read-many

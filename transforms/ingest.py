@@ -1135,16 +1135,21 @@ def ingest_bundle(
     settings: IngestSettings | None = None,
     progress: Callable[[str], None] = _silent,
     source_format: str = "bundle",
+    staging: str | Path | None = None,
 ) -> IngestResult:
     """Read ``raw``, align, and (re)write the lake tables atomically. Idempotent.
 
     ``source_format`` is ``bundle`` (a raw log bundle folder) or ``userarena``
     (release JSONL). ``progress`` is called with the name of each phase as it starts.
+    ``staging``: a lake-shaped folder (``transforms.lake.Staging``) that receives the tables
+    instead of the lake, so they can be validated before they replace the lake's; the
+    reported paths are still the lake's.
     """
     started = time.perf_counter()
     settings = settings or IngestSettings()
     pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
-    run, totals = Run(Path(lake), settings.zstd_level), Totals()
+    out = Path(staging) if staging is not None else Path(lake)
+    run, totals = Run(out, settings.zstd_level), Totals()
     try:
         progress("read")
         source, notes = _read(raw, source_format, settings, pseudonymize, run)
@@ -1169,7 +1174,7 @@ def ingest_bundle(
         quarantine_by_reason={r: n for k, r, n in reasons.iter_rows() if not k},
         flagged_by_reason={r: n for k, r, n in reasons.iter_rows() if k},
         output_rows=output_rows,
-        paths=paths,
+        paths={name: str(Path(lake) / Path(path).relative_to(out)) for name, path in paths.items()},
         naive_timestamps=sum(t.naive_timestamps for t in source.reads.values()),
         notes=notes,
         wall_seconds=round(time.perf_counter() - started, 3),

@@ -10,10 +10,15 @@ Layout::
 A table is written into ``LAKE/.staging/<name>-<token>/`` and then swapped into
 place with renames, so readers see the old table or the new one, never a
 half-written one.
+
+A stage writes all its tables into a :class:`Staging` folder first
+(``LAKE/.staging/<stage>-<token>/``, laid out like the lake itself), so its gate can
+validate them there; only tables that passed are swapped into the lake.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -23,9 +28,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
+from transforms.config import IngestSettings
 from transforms.schemas import LAKE_TABLES, PARTITIONED, QUARANTINE, polars_schema
 
 STAGING = ".staging"
+RUNS = "_runs"  # what the stages record beside the tables
 # Null counts only: rows lie in user-bucket and page-view-hash order, so the min/max of a row group
 # spans nearly the whole range of any column and would prune nothing (they cost a fifth of a write).
 ROW_GROUP_STATISTICS = {"min": False, "max": False, "distinct_count": False, "null_count": True}
@@ -126,6 +133,42 @@ class StagedTable:
         shutil.rmtree(self.staged, ignore_errors=True)
 
 
+class Staging:
+    """A stage's tables before they are swapped into the lake: a lake-shaped folder under
+    ``LAKE/.staging``. Write into :attr:`root` with the usual writers (``write_table(root, ...)``,
+    ``write_quarantine(root, ...)``), validate there, then :meth:`commit` or :meth:`discard`."""
+
+    def __init__(self, lake: str | Path, root: str | Path | None = None) -> None:
+        self.lake = Path(lake)
+        self.root = Path(root) if root is not None else self.lake / STAGING / f"run-{uuid.uuid4().hex[:8]}"
+
+    def open(self) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self.root
+
+    def folders(self) -> list[tuple[Path, Path]]:
+        """(staged folder, lake folder) of every staged table; quarantine by stage partition."""
+        pairs = []
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name != STAGING):
+            if folder.name == "quarantine":
+                pairs += [(part, table_dir(self.lake, "quarantine") / part.name) for part in folder.iterdir()]
+            else:
+                pairs.append((folder, table_dir(self.lake, folder.name)))
+        return pairs
+
+    def commit(self) -> list[Path]:
+        """Swap every staged table into the lake (one rename each); returns the lake folders."""
+        swapped = []
+        for staged, target in self.folders():
+            swap_into_place(staged, target)
+            swapped.append(target)
+        self.discard()
+        return swapped
+
+    def discard(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def write_table(
     lake: str | Path,
     name: str,
@@ -176,3 +219,17 @@ def scan_table(lake: str | Path, name: str, columns: Sequence[str] | None = None
 
 def read_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
     return scan_table(lake, name, columns).collect()
+
+
+def manifest_path(lake: str | Path) -> Path:
+    """The last ingest's summary, with the settings it ran with."""
+    return Path(lake) / RUNS / "ingest" / "latest.json"
+
+
+def recorded_settings(lake: str | Path) -> IngestSettings:
+    """The settings of the ingest that built ``lake``, so every later reader (gates, prompts, the
+    environment) sees the lake as it was built; the key itself is never recorded (it comes from the
+    environment). Defaults for a lake no ingest has recorded."""
+    path = manifest_path(lake)
+    recorded = json.loads(path.read_text()).get("settings", {}) if path.exists() else {}
+    return IngestSettings(**recorded)

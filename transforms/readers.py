@@ -8,6 +8,10 @@ what can still be read of its place (``rejected_event_marks``) comes back beside
 them, so alignment can cut its session there instead of joining the events
 around it; a line that is not JSON has no readable page view and no mark.
 
+A file that cannot be read at all is quarantined as ``unreadable_file``, one row for each row it
+held (from its Parquet footer or its lines), so the accounting still balances; only I/O and parse
+errors are caught so: any other exception is a bug of the reader and stops the run.
+
 Values are coerced column by column: a value that is present but does not
 convert to the declared type is a ``schema_mismatch``; a required column that
 is null is ``missing_required_field``. Numeric epoch timestamps are accepted in
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,6 +54,15 @@ ISO_AWARE = ("%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f%#z")
 ISO_NAIVE = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d")
 NESTED = {"params", "reviews", "visible_items"}
 ROW_BYTES = {"jsonl": 200, "jsonl.gz": 40, "csv": 100, "csv.gz": 20}  # rough row sizes, to plan parts
+#: what reading a broken, truncated or misnamed file raises; anything else is a bug of ours
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,  # gzip.BadGzipFile too
+    EOFError,
+    zlib.error,
+    UnicodeDecodeError,
+    pa.ArrowException,
+    pl.exceptions.PolarsError,
+)
 
 
 class BundleError(Exception):
@@ -173,7 +187,7 @@ def _loose_parquet(path: Path, rows: tuple[int, int] | None = None) -> pl.DataFr
     try:
         scan = pl.scan_parquet(path, hive_partitioning=False)
         return (scan.slice(*rows) if rows else scan).collect()
-    except Exception:
+    except READ_ERRORS:
         frame = pl.from_arrow(pq.read_table(path))
         return frame.slice(*rows) if rows else frame
 
@@ -524,22 +538,54 @@ def _read_rows(
             loose = loose.with_columns(
                 pl.lit(rel).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
             )
-    except Exception as exc:  # any unreadable file becomes one quarantine row, the run goes on
-        unreadable = pl.DataFrame(
-            {
-                "table": [table],
-                "source_file": [rel],
-                "source_row": [None],
-                "reason": ["unreadable_file"],
-                "detail": [f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"],
-                "payload": [None],
-            },
-            schema=empty_rejects().schema,
-        )
-        return pl.DataFrame(), unreadable, 1, 0, no_event_marks()
+    except READ_ERRORS as exc:  # the file is lost, never its rows: each counts as quarantined
+        unreadable = unreadable_rows(path, rel, table, exc, rows)
+        return pl.DataFrame(), unreadable, unreadable.height, 0, no_event_marks()
     good, typed_rejects, naive, marks = coerce(loose, table, unit, pseudonymize)
     rows_in = loose.height + rejects.height
     return good, pl.concat([rejects, typed_rejects]), rows_in, naive, marks
+
+
+def rows_held(path: Path) -> tuple[int, str] | None:
+    """How many rows an unreadable file held, and how that is known: its Parquet footer, or its
+    non-blank lines (CSV: less the header); None when neither can be read."""
+    fmt = file_format(path)
+    try:
+        if fmt == "parquet":
+            return pq.read_metadata(path).num_rows, "its Parquet footer"
+        data = path.read_bytes()
+        data = gzip.decompress(data) if fmt in ("jsonl.gz", "csv.gz") else data
+    except READ_ERRORS:
+        return None
+    lines = sum(1 for line in data.split(b"\n") if line.strip())
+    if fmt in ("csv", "csv.gz"):
+        return max(lines - 1, 0), "its lines less the header"
+    return lines, "its lines"
+
+
+def unreadable_rows(
+    path: Path, rel: str, table: str, error: BaseException, rows: tuple[int, int] | None = None
+) -> pl.DataFrame:
+    """One ``unreadable_file`` quarantine row per row the file (or its row range ``rows``) held; one
+    row for the whole file when its rows cannot be counted."""
+    held = (rows[1], "its Parquet footer") if rows else rows_held(path)
+    first = rows[0] if rows else 0
+    count, source = held if held is not None else (1, None)
+    message = str(error).splitlines()[0][:200] if str(error) else ""
+    counted = f"{count:,} rows counted from {source}" if source else "its rows could not be counted"
+    return pl.DataFrame(
+        {
+            "table": table,
+            "source_file": rel,
+            "source_row": pl.int_range(first, first + count, dtype=pl.Int64, eager=True)
+            if source
+            else pl.Series([None], dtype=pl.Int64),
+            "reason": "unreadable_file",
+            "detail": f"{type(error).__name__}: {message} ({counted})",
+            "payload": None,
+        },
+        schema=empty_rejects().schema,
+    )
 
 
 def row_ranges(meta: pq.FileMetaData, chunk_rows: int) -> list[tuple[int, int]]:
@@ -599,7 +645,7 @@ def _parquet_footer(path: Path) -> pq.FileMetaData | None:
         return None
     try:
         return pq.read_metadata(path)
-    except Exception:
+    except READ_ERRORS:
         return None
 
 
@@ -632,7 +678,7 @@ def read_chunk(root: Path, chunk: Chunk, unit: str, pseudonymize: Pseudonymize |
     if len(chunk.paths) > 1:
         try:
             loose = _loose_parquet_files(chunk.paths, root)
-        except Exception:
+        except READ_ERRORS:
             pass  # read one by one below: each file gets its own reader and its own error
         else:
             good, bad, naive, marks = coerce(loose, chunk.table, unit, pseudonymize)
@@ -670,7 +716,7 @@ def estimated_rows(root: Path, table: str) -> int:
             total += (
                 pq.read_metadata(path).num_rows if fmt == "parquet" else path.stat().st_size // ROW_BYTES[fmt]
             )
-        except Exception:
+        except READ_ERRORS:
             continue  # an unreadable file is quarantined by the reader; nothing to plan for
     return total
 
@@ -699,8 +745,12 @@ def read_table(
     files = table_files(root, table)
     if not files:
         if table in OPTIONAL_TABLES:
-            empty = polars_schema(RAW_TABLES[table]).to_frame().with_columns(
-                pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
+            empty = (
+                polars_schema(RAW_TABLES[table])
+                .to_frame()
+                .with_columns(
+                    pl.lit(None, dtype=pl.String).alias("_file"), pl.lit(None, dtype=pl.Int64).alias("_row")
+                )
             )
             return TableRead(table, empty.clear(), empty_rejects(), 0)
         raise _no_table(root, table)

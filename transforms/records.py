@@ -785,9 +785,12 @@ def write_records(
     settings: PromptSettings | None = None,
     chunk_states: int = 100_000,
     zstd_level: int = 3,
+    out: str | Path | None = None,
 ) -> RecordsSummary:
-    """(Re)write the ``records`` table from the lake, whole users at a time, atomically."""
+    """(Re)write the ``records`` table from the lake, whole users at a time, atomically; into the
+    lake-shaped folder ``out`` instead when given (a stage's staging folder)."""
     s = settings or PromptSettings()
+    target = Path(out) if out is not None else Path(lake)
     summary = RecordsSummary(modes=list(modes), settings=s.model_dump())
     items = needed_items(lake, s)
     sessions = read_table(lake, "sessions")
@@ -795,7 +798,7 @@ def write_records(
     rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
     quarantined = quarantined_rationales(lake) if rationales is not None else None
     intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
-    staged = Path(lake) / STAGING / f"records-{uuid.uuid4().hex[:8]}"
+    staged = target / STAGING / f"records-{uuid.uuid4().hex[:8]}"
     try:
         for file_no, path in enumerate(table_files(lake, "steps")):
             steps = pl.read_parquet(path, hive_partitioning=False)
@@ -818,9 +821,9 @@ def write_records(
                     if built.height:
                         _write_part(built, staged, f"part-{file_no}-{chunk_no}-{mode}.parquet", zstd_level)
         if summary.records == 0:
-            write_table(lake, "records", polars_schema(RECORDS).to_frame())
+            write_table(target, "records", polars_schema(RECORDS).to_frame())
         else:
-            swap_into_place(staged, table_dir(lake, "records"))
+            swap_into_place(staged, table_dir(target, "records"))
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return summary

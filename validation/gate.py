@@ -10,6 +10,13 @@ Per table:
    ``batch_rows`` and validated by GE batch by batch; counts and failing row
    numbers are combined across batches (``mostly`` is judged on the totals).
 
+Raw tables are read chunk by chunk through ``transforms.readers.read_tables`` (memory bounded by a
+chunk); their key uniqueness is judged on the whole table from a first pass of key hashes.
+
+A stage's gate reads its tables from the stage's staging folder (``staged``), before they replace
+the lake's, and first checks what the stage lost (``loss_outcomes``): nothing kept from a non-empty
+input, or more than ``max_quarantined_share`` of an input table quarantined, stops the run.
+
 If any error-severity expectation fails, nothing is rewritten and
 :class:`GateError` is raised. Otherwise rows failing a row-level ``warn`` check
 move to quarantine (stage ``validate-<table>``, reason
@@ -22,7 +29,7 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +41,7 @@ import pyarrow.parquet as pq
 
 from transforms.config import IngestSettings
 from transforms.lake import table_dir, table_files, write_quarantine, write_table
-from transforms.schemas import LAKE_TABLES
+from transforms.schemas import LAKE_TABLES, QUARANTINE, RAW_TABLES, polars_schema
 from validation.report import (
     DOCS_DIR,
     EXAMPLES,
@@ -129,12 +136,17 @@ def load_raw_table(frame: pl.DataFrame) -> Loaded:
     return Loaded(located, full=False)
 
 
-def prepare(suite: TableSuite, frame: pl.DataFrame) -> pl.DataFrame:
-    helpers = [h.build().alias(h.name) for h in suite.helpers]
-    out = frame.with_columns(helpers) if helpers else frame
+def prepare(
+    suite: TableSuite, frame: pl.DataFrame, first_row: int = 0, helpers: Sequence[pl.Expr] = ()
+) -> pl.DataFrame:
+    """Helper columns (``helpers`` replace the suite's own of the same name), raw ids dropped, and
+    ``ROW`` numbered from ``first_row`` (a chunk's place in its table)."""
+    given = {h.meta.output_name() for h in helpers}
+    built = [h.build().alias(h.name) for h in suite.helpers if h.name not in given]
+    out = frame.with_columns([*built, *helpers]) if built or helpers else frame
     if suite.raw:
         out = out.drop([c for c in RAW_ID_COLUMNS if c in out.columns])
-    return out.with_row_index(ROW)
+    return out.with_row_index(ROW, offset=first_row)
 
 
 def batches(suite: TableSuite, frame: pl.DataFrame, batch_rows: int) -> Iterator[Any]:
@@ -239,14 +251,20 @@ def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
     )
 
 
-def route(lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool) -> int:
-    """Move rows failing row-level warn checks to quarantine; rewrite the table. Returns rows moved."""
+def route(
+    lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool, target: Path
+) -> int:
+    """Move rows failing row-level warn checks to quarantine; rewrite the table under ``target`` (the
+    lake, or the stage's staging folder). Returns rows moved."""
     tags = _reasons(suite, outcomes)
     stage = quarantine_stage(suite.table)
     existing = table_dir(lake, "quarantine") / f"stage={stage}"
     if tags.height == 0:
-        if replace and existing.exists():
+        if replace and existing.exists() and target == lake:
             shutil.rmtree(existing)  # the stage rewrote the table: earlier gate rejects are stale
+        elif replace and existing.exists():
+            # an empty partition, so the swap retires the stale one
+            write_quarantine(target, stage, polars_schema(QUARANTINE).to_frame().drop("stage"))
         return 0
     declared = suite.schema.names
     rejected = frame.join(tags, on=ROW, how="inner")
@@ -258,13 +276,72 @@ def route(lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Out
         "detail",
         pl.struct(declared).struct.json_encode().alias("payload"),
         pl.lit(False).alias("kept"),
-        pl.lit(stage).alias("stage"),
     )
     if not replace and existing.exists():
         rows = pl.concat([pl.read_parquet(existing, hive_partitioning=False).select(rows.columns), rows])
-    write_table(lake, suite.table, frame.join(tags, on=ROW, how="anti").select(declared))
-    write_quarantine(lake, stage, rows.drop("stage"))
+    write_table(target, suite.table, frame.join(tags, on=ROW, how="anti").select(declared))
+    write_quarantine(target, stage, rows)
     return tags.height
+
+
+# --- what a stage lost ----------------------------------------------------------
+
+LOSS_SUITE = "stage.losses"
+TOP_REASONS = 3
+
+
+def lost_reasons(source: Path, stage: str) -> pl.DataFrame:
+    """(table, reason, rows) of the rows ``stage`` rejected (kept flags are not losses), most first."""
+    folder = table_dir(source, "quarantine") / f"stage={stage}"
+    if not folder.exists():
+        return pl.DataFrame(schema={"table": pl.String, "reason": pl.String, "rows": pl.UInt32})
+    return (
+        pl.scan_parquet(folder / "**" / "*.parquet", hive_partitioning=False)
+        .filter(~pl.col("kept"))
+        .group_by("table", "reason")
+        .agg(pl.len().alias("rows"))
+        .sort(["rows", "reason"], descending=[True, False])
+        .collect()
+    )
+
+
+def _loss(table: str, check: str, expectation: str, doc: str, lost: int, rows_in: int) -> Outcome:
+    o = Outcome(LOSS_SUITE, table, check, expectation, "error", "table", doc, success=lost == 0)
+    o.evaluated, o.unexpected = rows_in, lost
+    return o
+
+
+def loss_outcomes(
+    accounting: dict[str, dict[str, int]], reasons: pl.DataFrame, max_share: float
+) -> list[Outcome]:
+    """Per input table: an error when no row was kept from a non-empty input, or when more than
+    ``max_share`` of its rows were quarantined; examples are the top reasons with their counts."""
+    outcomes = []
+    for table, c in accounting.items():
+        rows_in, quarantined = c["rows_in"], c.get("quarantined", 0)
+        nothing_kept = rows_in > 0 and c["rows_out"] == 0
+        too_many = quarantined > max_share * rows_in
+        kept = _loss(
+            table,
+            "rows_kept",
+            "rows out > 0 when rows in > 0",
+            "the stage keeps rows of a non-empty input",
+            rows_in if nothing_kept else 0,
+            rows_in,
+        )
+        share = _loss(
+            table,
+            "quarantined_share",
+            f"quarantined / rows in <= {max_share:g}",
+            f"at most {max_share:.0%} of the rows are quarantined",
+            quarantined if too_many else 0,
+            rows_in,
+        )
+        top = reasons.filter(pl.col("table") == table).head(TOP_REASONS).select("reason", "rows").to_dicts()
+        for o in (kept, share):
+            o.examples = [] if o.success else top
+        outcomes += [kept, share]
+    return outcomes
 
 
 # --- the run ------------------------------------------------------------------
@@ -281,10 +358,19 @@ class Checked:
 class Gate:
     """One gate run: its id, folders, GE runner and everything it validated."""
 
-    def __init__(self, lake: Path, stage: str, settings: IngestSettings | None, batch_rows: int) -> None:
+    def __init__(
+        self,
+        lake: Path,
+        stage: str,
+        settings: IngestSettings | None,
+        batch_rows: int,
+        staged: Path | None = None,
+    ) -> None:
         from validation.ge import Runner
 
         self.lake, self.stage, self.batch_rows = lake, stage, batch_rows
+        # the tables validated (and rewritten by routing) live here; run files and docs go to the lake
+        self.source = staged if staged is not None else lake
         self.suites = all_suites(settings)
         now = datetime.now(UTC)
         self.run_id = f"{now:%Y%m%dT%H%M%S}Z-{stage}-{uuid.uuid4().hex[:6]}"
@@ -305,26 +391,47 @@ class Gate:
     def lake_table(self, name: str) -> Checked:
         suite = self.suites[name]
         report = TableReport(name, suite.name, suite.version)
-        files = table_files(self.lake, name)
+        files = table_files(self.source, name)
         if not files:
             return self._record(Checked(suite, None, [self._missing(suite)], report))
         schema = schema_suite(suite)
         outcomes = self._run(schema, prepare(schema, schema_frame(suite.schema, files)))
         if any(o.stops for o in outcomes):
             return self._record(Checked(suite, None, outcomes, report))
-        loaded = load_lake_table(self.lake, suite, files)
+        loaded = load_lake_table(self.source, suite, files)
         frame = prepare(suite, loaded.frame)
         report.rows_in = report.rows_out = frame.height
         return self._record(Checked(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
 
-    def raw_table(self, name: str, frame: pl.DataFrame) -> Checked:
-        suite = self.suites[f"raw.{name}"]
-        report = TableReport(suite.name, suite.name, suite.version, frame.height, frame.height)
-        prepared = prepare(suite, load_raw_table(frame).frame)
-        return self._record(Checked(suite, None, self._run(suite, prepared), report))
+    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> Checked | None:
+        """A raw table chunk by chunk (each chunk prepared with ``prepare``'s global row numbers);
+        counts are combined over all chunks, examples taken from the chunks they lie in."""
+        results: list[Any] = []
+        examples: dict[str, list[dict[str, Any]]] = {}
+        rows = 0
+        for frame in chunks:
+            part = self.runner.validate(suite, batches(suite, frame, self.batch_rows), first=len(results))
+            found = combine(suite, part)
+            for o in found:
+                o.success = o.success and not o.rows  # a check judged on the totals keeps its examples
+            attach_examples(suite, frame, found)
+            for o in found:
+                kept = examples.setdefault(o.check, [])
+                kept += o.examples[: EXAMPLES - len(kept)]
+            results += part
+            rows += frame.height
+        if not results:
+            return None  # nothing readable: the ingest's quarantine has every row
+        self.results += [r.to_json_dict() for r in results]
+        outcomes = combine(suite, results)
+        for o in outcomes:
+            o.examples = [] if o.success else examples.get(o.check, [])
+        self.summary.outcomes += outcomes
+        report = TableReport(suite.name, suite.name, suite.version, rows, rows)
+        return self._record(Checked(suite, None, outcomes, report))
 
     def _missing(self, suite: TableSuite) -> Outcome:
-        doc = f"the table has Parquet files under {table_dir(self.lake, suite.table)}"
+        doc = f"the table has Parquet files under {table_dir(self.source, suite.table)}"
         outcome = Outcome(suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False)
         self.summary.outcomes.append(outcome)
         return outcome
@@ -344,7 +451,7 @@ class Gate:
                 continue
             if not c.loaded.full and any(o.routes for o in c.outcomes):
                 raise AssertionError(f"{c.suite.name}: row-level checks need every column loaded")
-            moved = route(self.lake, c.suite, c.loaded.frame, c.outcomes, replace)
+            moved = route(self.lake, c.suite, c.loaded.frame, c.outcomes, replace, self.source)
             c.report.quarantined, c.report.rows_out = moved, c.report.rows_in - moved
 
     def finish(self, started: float, docs: bool) -> GateSummary:
@@ -361,12 +468,50 @@ def lake_tables_present(lake: Path) -> list[str]:
     return [n for n in LAKE_TABLES if n in suites and table_files(lake, n)]
 
 
-def read_raw(raw: str | Path, settings: IngestSettings) -> dict[str, pl.DataFrame]:
-    from transforms.readers import read_bundle
-    from transforms.rekey import Pseudonymizer
+# --- raw bundles, chunk by chunk -----------------------------------------------------
 
-    bundle = read_bundle(raw, settings.timestamp_unit, Pseudonymizer(settings.rekey_key))
-    return {name: t.frame for name, t in bundle.items() if t.frame.width}
+KEY_SEED = 0x5EED  # any constant: the hashes never leave the gate run
+
+
+def key_hash(keys: Sequence[str]) -> pl.Expr:
+    return pl.struct(list(keys)).hash(KEY_SEED)
+
+
+class RawBundle:
+    """A raw bundle read through the chunked reader (``transforms.readers.read_tables``), so memory
+    is bounded by a chunk: key uniqueness, the one check across rows, comes from a first pass that
+    keeps only a 64-bit hash per row."""
+
+    def __init__(self, raw: str | Path, settings: IngestSettings, chunk_rows: int) -> None:
+        from transforms.readers import check_bundle
+        from transforms.rekey import Pseudonymizer
+
+        self.root = check_bundle(raw)
+        self.unit, self.chunk_rows = settings.timestamp_unit, chunk_rows
+        self.pseudonymize = Pseudonymizer(settings.rekey_key)
+
+    def frames(self, table: str) -> Iterator[pl.DataFrame]:
+        """The table's typed chunks, locators renamed for the gate."""
+        from transforms.readers import read_tables
+
+        for chunk in read_tables(self.root, [table], self.unit, self.pseudonymize, self.chunk_rows):
+            if chunk.frame.width and chunk.frame.height:
+                yield load_raw_table(chunk.frame).frame
+
+    def duplicated_keys(self, keys: Sequence[str], table: str) -> pl.Series:
+        """Hashes of the keys that occur more than once in the whole table."""
+        hashes = [frame.select(key_hash(keys)).to_series() for frame in self.frames(table)]
+        every = pl.concat(hashes) if hashes else pl.Series(dtype=pl.UInt64)
+        return every.filter(every.is_duplicated()).unique()
+
+    def prepared(self, suite: TableSuite) -> Iterator[pl.DataFrame]:
+        """Chunks ready for GE, ``_key_unique`` judged against the whole table."""
+        duplicated = self.duplicated_keys(suite.keys, suite.table) if suite.keys else None
+        unique = [] if duplicated is None else [~key_hash(suite.keys).is_in(duplicated).alias("_key_unique")]
+        rows = 0
+        for frame in self.frames(suite.table):
+            yield prepare(suite, frame, rows, unique)
+            rows += frame.height
 
 
 def run_gate(
@@ -379,6 +524,8 @@ def run_gate(
     settings: IngestSettings | None = None,
     batch_rows: int = BATCH_ROWS,
     docs: bool = True,
+    staged: str | Path | None = None,
+    accounting: dict[str, dict[str, int]] | None = None,
 ) -> GateSummary:
     """Validate lake ``tables`` (default: every present table with a suite) and, if ``raw``
     is given, the raw bundle's tables. Raises :class:`GateError` on an error-severity failure.
@@ -386,20 +533,32 @@ def run_gate(
     ``replace_quarantine``: the calling stage has just rewritten these tables, so the
     gate's earlier quarantine rows for them are replaced; on-demand runs append.
     ``docs=False`` skips rendering Data Docs (throwaway lakes in tests).
+    ``staged``: the stage's staging folder (``transforms.lake.Staging``): the tables are read
+    (and rewritten by routing) there, while run files and Data Docs go to the lake.
+    ``accounting``: the stage's rows per input table (``rows_in``, ``rows_out``, ``quarantined``),
+    judged by :func:`loss_outcomes` against ``settings.max_quarantined_share``; the reasons are
+    read from the stage's quarantine partition.
     """
     started = time.perf_counter()
     lake = Path(lake)
-    names = list(tables) if tables else lake_tables_present(lake)
+    source = Path(staged) if staged is not None else lake
+    names = list(tables) if tables else lake_tables_present(source)
     unknown = [n for n in names if n not in all_suites(settings) or n not in LAKE_TABLES]
     if unknown:
         known = ", ".join(n for n in LAKE_TABLES if n in all_suites(settings))
         raise ValueError(f"no validation suite for {', '.join(unknown)}; tables with suites: {known}")
-    gate = Gate(lake, stage, settings, batch_rows)
+    gate = Gate(lake, stage, settings, batch_rows, source)
+    settings = settings or IngestSettings()
+    if accounting is not None:
+        reasons = lost_reasons(source, stage)
+        gate.summary.outcomes += loss_outcomes(accounting, reasons, settings.max_quarantined_share)
     for name in names:
         gate.lake_table(name)
     if raw is not None:
-        for name, frame in read_raw(raw, settings or IngestSettings()).items():
-            gate.raw_table(name, frame)
+        bundle = RawBundle(raw, settings, batch_rows)
+        for name in RAW_TABLES:
+            suite = gate.suites[f"raw.{name}"]
+            gate.raw_table(suite, bundle.prepared(suite))
     if gate.summary.ok:
         gate.route_all(replace_quarantine)
     summary = gate.finish(started, docs)

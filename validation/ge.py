@@ -127,11 +127,12 @@ class Runner:
             )
         return self._checkpoints[suite.name]
 
-    def validate(self, suite: TableSuite, batches: Iterable[pd.DataFrame]) -> list[Any]:
-        """One ExpectationSuiteValidationResult per batch."""
+    def validate(self, suite: TableSuite, batches: Iterable[pd.DataFrame], first: int = 0) -> list[Any]:
+        """One ExpectationSuiteValidationResult per batch; ``first`` numbers the batches of a table
+        validated in several calls (chunk by chunk)."""
         checkpoint = self._checkpoint(suite)
         results = []
-        for number, frame in enumerate(batches):
+        for number, frame in enumerate(batches, start=first):
             run = RunIdentifier(run_name=f"{self.run_id}-batch{number}")
             outcome = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=run)
             results.extend(outcome.run_results.values())

@@ -166,7 +166,10 @@ def error_paragraph(summary: GateSummary) -> str:
         others = ", ".join(f"{o.table}.{o.check} ({_rows(o.unexpected)})" for o in rest[:8])
         more = f" and {len(rest) - 8} more" if len(rest) > 8 else ""
         text += f" {len(rest)} more error expectation(s) failed: {others}{more}."
-    text += f" Nothing was rewritten or quarantined by the gate. Results: {summary.results_path}."
+    text += (
+        " Nothing was rewritten or quarantined by the gate; the lake keeps its previous tables."
+        f" Results: {summary.results_path}."
+    )
     if summary.docs_index:
         text += f" Data Docs: {summary.docs_index}."
     return text

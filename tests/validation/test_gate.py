@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.validation import lakes
-from transforms.lake import read_table, table_files
-from validation.gate import quarantine_stage, run_gate
+from transforms.lake import Staging, read_table, table_files
+from validation.gate import loss_outcomes, quarantine_stage, run_gate
 from validation.report import GateError, GateSummary
 
 
@@ -219,6 +219,114 @@ def test_mostly_is_judged_on_all_batches(tmp_path: Path):
     coverage = next(o for o in summary.outcomes if o.check == "profile__gender_not_null")
     assert (coverage.success, coverage.evaluated, coverage.unexpected) == (False, 2, 1)
     assert "profile__gender_not_null" in summary.tables["profiles"].warnings
+
+
+def test_raw_suites_run_chunk_by_chunk_and_see_keys_across_chunks(tmp_path: Path):
+    from tests.validation.torture import fault
+    from transforms.ingest import ingest_bundle
+
+    raw, lake = tmp_path / "raw", tmp_path / "lake"
+    fault("duplicate_event_id").build(raw)  # a second e11 with other values
+    ingest_bundle(raw, lake)
+    events = pl.read_parquet(raw / "events" / "part-0.parquet")
+    (raw / "events" / "part-0.parquet").unlink()
+    for n in range(4):  # 13 rows as files of 4, 4, 4, 1: with 4-row chunks, one chunk per file
+        events.slice(4 * n, 4).write_parquet(raw / "events" / f"part-{n}.parquet")
+    copies = events.with_row_index("row").filter(pl.col("event_id") == "e11")["row"].to_list()
+    assert len({row // 4 for row in copies}) == 2, "the two copies of e11 lie in different chunks"
+    summary = run_gate(lake, ["steps"], raw=raw, docs=False, batch_rows=4)
+    unique = next(o for o in summary.outcomes if o.suite == "raw.events" and o.check == "key_unique")
+    assert (unique.evaluated, unique.unexpected) == (13, 2)
+    # each example is located in its own file, at its row within that file
+    assert sorted(e["_at"] for e in unique.examples) == sorted(
+        f"events/part-{row // 4}.parquet row {row % 4}" for row in copies
+    )
+
+
+# --- staged tables and losses ---------------------------------------------------------
+
+
+def _hashes(lake: Path) -> dict[str, bytes]:
+    return {p.relative_to(lake).as_posix(): p.read_bytes() for p in lake.rglob("*.parquet")}
+
+
+def test_staged_tables_are_gated_where_they_lie_and_the_lake_is_untouched(tmp_path: Path):
+    lake = lakes.write_lake(tmp_path / "lake")
+    before = _hashes(lake)
+    staged = Staging(lake)
+    lakes.write_lake(staged.open(), {"steps": _broken_frames()["steps"]})
+    with pytest.raises(GateError, match="table 'steps' failed expectation 'click_target_visible'") as stop:
+        run_gate(lake, ["steps"], stage="ingest", staged=staged.root, docs=False)
+    # the example row is located as it will lie in the lake
+    assert "steps/bucket=0/part-0.parquet row 1 {session_id=s1, step=1" in str(stop.value)
+    staged.discard()  # what the stage does after a stop
+    assert _hashes(lake) == before
+
+
+def test_staged_routing_rewrites_the_staging_folder_then_swaps(tmp_path: Path):
+    lake = lakes.write_lake(tmp_path / "lake")
+    bad_history = _history_with_two_bad_rows(tmp_path / "bad")
+    staged = Staging(lake)
+    lakes.write_lake(staged.open(), {"history": read_table(bad_history, "history")})
+    summary = run_gate(
+        lake, ["history"], stage="ingest", replace_quarantine=True, staged=staged.root, docs=False
+    )
+    assert summary.tables["history"].quarantined == 2
+    assert read_table(lake, "history").height == lakes.history().height, "the lake waits for the swap"
+    staged.commit()
+    # 3 staged rows: 1 kept, 2 moved to the gate's quarantine partition
+    assert read_table(lake, "history").height == 1
+    assert read_table(lake, "quarantine")["stage"].to_list() == [quarantine_stage("history")] * 2
+    assert not staged.root.exists()
+
+
+def test_a_clean_staged_rerun_retires_the_lakes_stale_gate_rejects(tmp_path: Path):
+    lake = _history_with_two_bad_rows(tmp_path)
+    run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False)
+    assert read_table(lake, "quarantine").height == 2
+    staged = Staging(lake)
+    lakes.write_lake(staged.open(), {"history": lakes.history()})
+    run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, staged=staged.root, docs=False)
+    staged.commit()
+    assert read_table(lake, "quarantine").height == 0
+
+
+REASONS = pl.DataFrame(
+    {"table": ["events", "events", "events", "feeds"], "reason": ["a", "b", "c", "a"], "rows": [6, 3, 1, 2]}
+)
+
+
+def _failed(outcomes: list) -> dict[tuple[str, str], int]:
+    return {(o.table, o.check): o.unexpected for o in outcomes if not o.success}
+
+
+def test_losses_nothing_kept_or_too_much_quarantined():
+    accounting = {
+        "events": {"rows_in": 10, "rows_out": 0, "quarantined": 10},  # nothing kept, 100 % lost
+        "feeds": {"rows_in": 4, "rows_out": 2, "quarantined": 2},  # 2/4 = 50 %: at the limit, passes
+        "items": {"rows_in": 5, "rows_out": 2, "quarantined": 3},  # 3/5 = 60 % > 50 %
+        "history": {"rows_in": 0, "rows_out": 0, "quarantined": 0},  # an empty input loses nothing
+    }
+    outcomes = loss_outcomes(accounting, REASONS, max_share=0.5)
+    assert _failed(outcomes) == {
+        ("events", "rows_kept"): 10,
+        ("events", "quarantined_share"): 10,
+        ("items", "quarantined_share"): 3,
+    }
+    events = next(o for o in outcomes if (o.table, o.check) == ("events", "rows_kept"))
+    # the top reasons, most rows first
+    assert events.examples == [
+        {"reason": "a", "rows": 6},
+        {"reason": "b", "rows": 3},
+        {"reason": "c", "rows": 1},
+    ]
+    assert all(o.severity == "error" for o in outcomes)
+
+
+def test_losses_allowance_is_a_setting():
+    accounting = {"items": {"rows_in": 5, "rows_out": 2, "quarantined": 3}}
+    assert _failed(loss_outcomes(accounting, REASONS, max_share=0.6)) == {}  # 3/5 = 0.6, allowed
+    assert _failed(loss_outcomes(accounting, REASONS, max_share=0.0)) == {("items", "quarantined_share"): 3}
 
 
 # --- Prefect --------------------------------------------------------------------

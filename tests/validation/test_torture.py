@@ -18,7 +18,7 @@ import pytest
 from tests.validation.torture import FAULTS, Fault
 from transforms.ingest import OUTPUT_OF, ingest_bundle
 from transforms.lake import read_table, table_files
-from validation.gate import run_gate
+from validation.gate import loss_outcomes, lost_reasons, run_gate
 
 #: Ingest's reason codes (the foundation's list, plus the specific ones the readers and
 #: aligner add); a quarantine reason outside this set would not be a specific reason.
@@ -98,6 +98,14 @@ def test_fault(fault: Fault, tmp_path: Path):
     assert read_table(lake, "steps").height == fault.steps
     if fault.check:
         fault.check(lake)
+
+    # the loss gate (default allowance 50 %) stops exactly the faults that lose a table
+    accounting = {
+        t: {"rows_in": c.rows_in, "rows_out": c.rows_out, "quarantined": c.quarantined}
+        for t, c in result.counts.items()
+    }
+    losses = loss_outcomes(accounting, lost_reasons(lake, "ingest"), max_share=0.5)
+    assert sorted({o.table for o in losses if not o.success}) == sorted(fault.lost)
 
     summary = run_gate(lake, _gated_tables(fault), stage="ingest", replace_quarantine=True, docs=False)
     assert summary.ok

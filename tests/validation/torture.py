@@ -157,6 +157,8 @@ class Fault:
     steps: int | None = None  # steps expected in the lake
     stops: str | None = None  # an ingest stop: the exception class name
     check: Callable[[Path], None] | None = None  # extra assertion on the lake
+    # the loss gate stops the run: a raw table keeps nothing, or loses more than half its rows
+    lost: tuple[str, ...] = ()
 
 
 def _events(update: Callable[[Rows], Rows]) -> Callable[[Path], None]:
@@ -366,6 +368,7 @@ FAULTS: tuple[Fault, ...] = (
         _corrupt_gzip,
         {("events", "unreadable_file"): 1, **ALL_FEEDS_ORPHANED},
         steps=0,
+        lost=("events", "feeds"),
     ),
     Fault(
         "non_utf8_line",
@@ -423,6 +426,7 @@ FAULTS: tuple[Fault, ...] = (
         _drop_columns("screen"),
         {("events", "missing_required_field"): 12, **ALL_FEEDS_ORPHANED},
         steps=0,
+        lost=("events", "feeds"),
     ),
     Fault(
         "wrong_type_parquet",

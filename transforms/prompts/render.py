@@ -41,7 +41,9 @@ class PromptSettings(BaseModel):
         2, ge=0, description="reviews the page's own review block shows (list closed)"
     )
     review_chars: int = Field(120, ge=1, description="characters kept per review")
-    geometry: Geometry = Geometry()
+    # the geometry the lake was ingested with (flows.records takes it from the ingest's manifest), so
+    # the prompts show the viewport and scroll limits alignment used
+    geometry: Geometry = Field(default_factory=Geometry)
 
     def window(self, mode: Mode) -> int:
         return self.window_cross if mode == "cross" else self.window_single
