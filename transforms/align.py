@@ -376,14 +376,13 @@ def place_reader_rejects(rejected: pl.DataFrame, events: pl.DataFrame) -> pl.Dat
         after = pl.col("ts").cum_min(reverse=True).backward_fill().over("page_view_id")
         undated = source.with_columns(after.alias("ts")).filter(pl.col("reason").is_not_null())
         rejected = pl.concat([rejected.filter(pl.col("ts").is_not_null()).drop("action"), undated])
-    return rejected.select(
-        "page_view_id",
-        "ts",
-        "_file",
-        "_row",
-        pl.col("reason").alias("_why"),
-        pl.lit(True).alias(ALREADY_QUARANTINED),
-    )
+    return rejected.select("page_view_id", "ts", "_file", "_row", *cutting_as_quarantined())
+
+
+def cutting_as_quarantined() -> list[pl.Expr]:
+    """A reader-rejected row's ``reason`` as the ``_why`` of a row that cuts its session and leaves
+    no second quarantine row (``cut_sessions``)."""
+    return [pl.col("reason").alias("_why"), pl.lit(True).alias(ALREADY_QUARANTINED)]
 
 
 def dedupe_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:

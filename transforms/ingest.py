@@ -1042,6 +1042,7 @@ def _read(
             pseudonymize,
             on_bad_event=settings.on_bad_event,
             card_height=settings.geometry.default_card_height,
+            action_map=settings.action_map,
         )
         source = from_tables(tables, settings, run)
         source.cuts = cuts

@@ -83,11 +83,13 @@ def no_event_marks() -> pl.DataFrame:
     return pl.DataFrame(schema=EVENT_MARKS)
 
 
-def rejected_event_marks(rejected: pl.DataFrame, typed: dict[str, pl.Expr]) -> pl.DataFrame:
+def rejected_event_marks(
+    rejected: pl.DataFrame, typed: dict[str, pl.Expr], carry: Sequence[str] = ()
+) -> pl.DataFrame:
     """Where rejected events rows stood, from their raw values (never the pseudonymized payload):
     ``page_view_id`` and ``action`` where their own values are usable text, ``ts`` where it typed
-    (else null), the source locator and the reject reason. ``rejected``: rows of ``coerce``'s
-    tagged frame, whose typed columns ``typed`` names."""
+    (else null), the source locator (with the ``carry`` columns) and the reject reason.
+    ``rejected``: rows of ``coerce``'s tagged frame, whose typed columns ``typed`` names."""
 
     def usable(name: str) -> pl.Expr:
         text = typed[name]
@@ -100,6 +102,7 @@ def rejected_event_marks(rejected: pl.DataFrame, typed: dict[str, pl.Expr]) -> p
         usable("action").alias("action"),
         "_file",
         pl.col("_row").cast(pl.Int64),
+        *carry,
         pl.col("_reason").alias("reason"),
     ).cast(EVENT_MARKS)
 
@@ -399,14 +402,20 @@ def _target_dtypes(table: str) -> dict[str, pl.DataType]:
 
 
 def coerce(
-    loose: pl.DataFrame, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
+    loose: pl.DataFrame,
+    table: str,
+    unit: str = "auto",
+    pseudonymize: Pseudonymize | None = None,
+    carry: Sequence[str] = (),
 ) -> tuple[pl.DataFrame, pl.DataFrame, int, pl.DataFrame]:
     """Cast a loose frame to the declared raw schema.
 
     Returns (typed rows, rejects, naive timestamp count, ``rejected_event_marks`` of the rejected
     rows: events only, else empty). Undeclared columns are
-    dropped except for ``profiles`` (extra attributes are data there). Columns
-    that already have their declared type pass through untouched.
+    dropped except for ``profiles`` (extra attributes are data there) and the ``carry`` columns,
+    which locate a row more finely than ``_file``/``_row`` and go on beside them in the typed rows
+    and the marks (never into a payload). Columns that already have their declared type pass
+    through untouched.
     """
     schema, targets = RAW_TABLES[table], _target_dtypes(table)
     frame = loose.with_columns(
@@ -442,10 +451,12 @@ def coerce(
     )
     clean = tagged["_reason"].null_count() == tagged.height  # the common case: nothing to reject
     outputs = [typed[c].alias(c) for c in declared] + [pl.col(c).cast(pl.String) for c in extras]
+    locators = [*LOCATORS, *carry]
+    rejected = tagged.clear() if clean else tagged.filter(pl.col("_reason").is_not_null())
+    marks = rejected_event_marks(rejected, typed, carry) if table == "events" else no_event_marks()
     if clean:
-        return tagged.select([*outputs, *LOCATORS]), empty_rejects(), naive, no_event_marks()
-    rejected = tagged.filter(pl.col("_reason").is_not_null()).with_columns(detail.alias("_detail"))
-    marks = rejected_event_marks(rejected, typed) if table == "events" else no_event_marks()
+        return tagged.select([*outputs, *locators]), empty_rejects(), naive, marks
+    rejected = rejected.with_columns(detail.alias("_detail"))
     rejects = reject_rows(
         table,
         rejected.select([*declared, *extras, *LOCATORS]),
@@ -453,7 +464,7 @@ def coerce(
         rejected["_detail"],
         pseudonymize,
     )
-    good = tagged.filter(pl.col("_reason").is_null()).select([*outputs, *LOCATORS])
+    good = tagged.filter(pl.col("_reason").is_null()).select([*outputs, *locators])
     return good, rejects, naive, marks
 
 

@@ -19,6 +19,10 @@ Conventions of the release, as read here:
   rejected event it cuts the session (``align.cut_sessions``): the steps before
   it stay, its first row carries the reason, the rows after it (the rest of the
   excursion included) leave as ``after_rejected_event``.
+- A step that fails typing (``readers.coerce``: a non-numeric ``scroll_top``, an
+  unreadable ``ts``, ...) is quarantined once under its own reason, at its
+  record's line, and cuts its session at its place in the trajectory: every
+  step of a record shares that line, so the step index orders them.
 - Card boxes need only ``y``: ``x`` and ``width`` may be absent and a missing
   ``height`` is the reference's 328 px (``align.check_feeds`` flags each default).
 - Rows carry no timestamps in the release; when a row has none, times are
@@ -36,7 +40,15 @@ from pathlib import Path
 
 import polars as pl
 
-from transforms.align import cut_sessions, no_cuts, session_cuts
+from transforms.align import (
+    ALREADY_QUARANTINED,
+    cut_sessions,
+    cutting_as_quarantined,
+    map_actions,
+    no_cuts,
+    session_cuts,
+)
+from transforms.config import DROP_ACTION
 from transforms.readers import Pseudonymize, TableRead, coerce, empty_rejects, empty_typed
 from transforms.schemas import PROFILE_FIELDS
 
@@ -284,9 +296,11 @@ def read_userarena(
     *,
     on_bad_event: str = "cut",
     card_height: float = 328,
+    action_map: dict[str, str] | None = None,
 ) -> tuple[dict[str, TableRead], dict[str, int], pl.DataFrame]:
     """Read release JSONL (file or folder of part files) into raw bundle tables, import notes, and
-    the sessions cut at a defective excursion (``page_view_id``, ``cut_reason``)."""
+    the sessions cut at a step that failed typing or a defective excursion (``page_view_id``,
+    ``cut_reason``). ``action_map``: the run's, so that a step whose action it drops cuts nothing."""
     path = Path(path)
     files = sorted(p for p in path.rglob("*.jsonl*") if p.is_file()) if path.is_dir() else [path]
     if not files or not all(f.exists() for f in files):
@@ -315,7 +329,7 @@ def read_userarena(
                         "payload": None,
                     }
                 )
-    tables, cuts = _tables(collected, bad, unit, pseudonymize, on_bad_event)
+    tables, cuts = _tables(collected, bad, unit, pseudonymize, on_bad_event, action_map or {})
     notes = {
         "records_unparseable": len(bad),
         "context_rows": collected.context_rows,
@@ -325,7 +339,12 @@ def read_userarena(
 
 
 def _tables(
-    collected: _Tables, bad: list[dict], unit: str, pseudonymize: Pseudonymize | None, on_bad_event: str
+    collected: _Tables,
+    bad: list[dict],
+    unit: str,
+    pseudonymize: Pseudonymize | None,
+    on_bad_event: str,
+    action_map: dict[str, str],
 ) -> tuple[dict[str, TableRead], pl.DataFrame]:
     tables: dict[str, TableRead] = {}
     cuts = no_cuts()
@@ -343,15 +362,15 @@ def _tables(
         if loose.height == 0:
             tables[name] = TableRead(name, empty_typed(name), empty_rejects(), 0)
             continue
-        extra_rejects = empty_rejects()
         if name == "events":
-            loose, extra_rejects, cuts = _cut_at_defects(
-                loose, collected.rows["feeds"], pseudonymize, on_bad_event
+            typed, rejects, naive, mistyped = coerce(loose, name, unit, pseudonymize, carry=("_step",))
+            typed, cut_rejects, cuts = _cut_at_rejections(
+                loose, typed, mistyped, collected.rows["feeds"], pseudonymize, on_bad_event, action_map
             )
-        typed, rejects, naive, _ = coerce(loose.drop("_step", strict=False), name, unit, pseudonymize)
-        tables[name] = TableRead(
-            name, typed, pl.concat([extra_rejects, rejects]), len(rows), naive_timestamps=naive, merged=merged
-        )
+            rejects = pl.concat([cut_rejects, rejects])
+        else:
+            typed, rejects, naive, _ = coerce(loose, name, unit, pseudonymize)
+        tables[name] = TableRead(name, typed, rejects, len(rows), naive_timestamps=naive, merged=merged)
     if bad:
         events = tables["events"]
         events.rejects = pl.concat([events.rejects, pl.DataFrame(bad, schema=empty_rejects().schema)])
@@ -359,12 +378,31 @@ def _tables(
     return tables, cuts
 
 
-def _cut_at_defects(
-    events: pl.DataFrame, feed_rows: list[dict], pseudonymize: Pseudonymize | None, on_bad_event: str
+def _cut_at_rejections(
+    loose: pl.DataFrame,
+    typed: pl.DataFrame,
+    mistyped: pl.DataFrame,
+    feed_rows: list[dict],
+    pseudonymize: Pseudonymize | None,
+    on_bad_event: str,
+    action_map: dict[str, str],
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The first row of a defective excursion (before the session's ``end``) cuts the session like
-    any rejected event (``align.cut_sessions``): it leaves with the excursion's reason, what follows
-    it as ``after_rejected_event`` (or the whole session, ``on_bad_event = "drop_session"``)."""
+    """The first step (before the session's ``end``) that failed typing or opens a defective
+    excursion cuts the session like any rejected event (``align.cut_sessions``), in trajectory
+    order: what follows it leaves as ``after_rejected_event`` (or the whole session,
+    ``on_bad_event = "drop_session"``). ``typed``: the events that typed (with ``_step``);
+    ``mistyped``: the ``rejected_event_marks`` of those that did not, quarantined by ``coerce``
+    already under their own reason, so they cut without a second quarantine row; one whose action
+    ``action_map`` drops cuts nothing, like any dropped event."""
+    order = ["_file", "_row", "_step"]
+    cutting = map_actions(mistyped, action_map).filter(pl.col("action").ne_missing(DROP_ACTION))
+    # as the release wrote them: excursions are told by screen and item, which the marks lack;
+    # a view with no typed step has no session to cut
+    unread = (
+        loose.join(cutting.select(*order, "reason"), on=order)
+        .filter(pl.col("page_view_id").is_in(typed["page_view_id"].unique().implode()))
+        .select("page_view_id", "action", "screen", "item_id", *order, *cutting_as_quarantined())
+    )
     presentable = (
         pl.DataFrame(
             {
@@ -377,15 +415,17 @@ def _cut_at_defects(
         .with_columns(pl.lit(True).alias("_in_feed"))
     )
     tagged = (
-        events.join(presentable, on=["page_view_id", "item_id"], how="left")
+        pl.concat([typed, unread], how="diagonal")
+        .join(presentable, on=["page_view_id", "item_id"], how="left")
         .with_columns(pl.col("_in_feed").fill_null(False))
-        .sort("page_view_id", "_file", "_row", "_step")  # grouped by view, in trajectory order
+        .sort("page_view_id", *order)  # grouped by view, in trajectory order
         .with_columns(
-            defective_excursions().alias("_why"),
+            pl.coalesce(pl.col("_why"), defective_excursions()).alias("_why"),
             pl.concat_str(pl.lit("trajectory step "), pl.col("_step").cast(pl.String)).alias("_why_detail"),
         )
     )
     if tagged["_why"].null_count() == tagged.height:
-        return tagged.drop("_why", "_why_detail", "_in_feed"), empty_rejects(), no_cuts()
+        helpers = ["_why", "_why_detail", "_in_feed", "_step", ALREADY_QUARANTINED]
+        return tagged.drop(helpers, strict=False), empty_rejects(), no_cuts()
     checked = cut_sessions(tagged, on_bad_event, pseudonymize)
-    return checked.rows.drop("_in_feed"), pl.concat(checked.rejects), session_cuts(checked.cuts)
+    return checked.rows.drop("_in_feed", "_step"), pl.concat(checked.rejects), session_cuts(checked.cuts)

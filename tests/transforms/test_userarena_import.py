@@ -180,3 +180,120 @@ def test_defective_excursions_are_quarantined_with_reasons(imported):
     assert (events.rows_in, events.rows_out, events.quarantined) == (24, 11, 13)
     assert all(c.balanced for c in result.counts.values())
     assert result.notes["context_rows"] == 1 and result.notes["synthetic_timestamps"] == 23
+
+
+# --- a step that fails typing cuts its session at its place in the trajectory ----------------------
+# Every step of a record shares the record's line, so the trajectory index is the only place a
+# mistyped step can be told to stand at. Each record below is one feed view of cards itm-1..itm-8.
+
+
+def feed_record(pv: str, trajectory: list[dict]) -> dict:
+    return {"session_id": pv, "visitor_id": f"vis-{pv}", "user_info": PROFILE,
+            "feed_long_image": {"height": FEED_HEIGHT}, "feed_catalog": catalog(*range(1, 9)),
+            "trajectory": trajectory}  # fmt: skip
+
+
+def with_times(trajectory: list[dict], spoilt: int, bad_ts: str) -> list[dict]:
+    """Each step logged one second after the one before; step ``spoilt`` logs ``bad_ts`` instead."""
+    timed = [dict(step, ts=f"2026-03-01T10:00:{i:02d}Z") for i, step in enumerate(trajectory)]
+    timed[spoilt]["ts"] = bad_ts
+    return timed
+
+
+# step 2's scroll_top is no number: scroll_down and scroll_up stay; click, ipv_buy, end follow the cut
+MISTYPED_STEPS = [
+    {"step_type": "feed", "action": "scroll_down", "scroll_top": 0, "scroll_delta_px": 400},
+    {"step_type": "feed", "action": "scroll_up", "scroll_top": 400, "scroll_delta_px": 400},
+    {"step_type": "feed", "action": "scroll_down", "scroll_top": "four hundred", "scroll_delta_px": 400},
+    {"step_type": "feed", "action": "click", "clicked_item_id": "itm-5", "scroll_top": 400},
+    {"step_type": "ipv", "action": "ipv_buy", "item_id": "itm-5"},
+    {"step_type": "ipv", "action": "end", "item_id": "itm-5"},
+]  # fmt: skip
+CLEAN_STEPS = [dict(s, scroll_top=0) if i == 2 else s for i, s in enumerate(MISTYPED_STEPS)]
+# the same steps, every one with a readable ts except step 2's
+UNTIMED_STEPS = with_times(CLEAN_STEPS, spoilt=2, bad_ts="the day after tomorrow")
+# step 1 is mistyped and so is step 3, which follows the cut: it stays under its own reason
+TWICE_STEPS = [dict(s, scroll_top="x") if i in (1, 3) else s for i, s in enumerate(CLEAN_STEPS)]
+MISTYPED_RECORDS = (
+    feed_record("pv-M1", MISTYPED_STEPS),  # line 0
+    feed_record("pv-M2", UNTIMED_STEPS),  # line 1
+    feed_record("pv-M3", TWICE_STEPS),  # line 2
+)
+
+
+def ingest_records(root: Path, records: tuple[dict, ...], settings: IngestSettings | None = None):
+    (root / "release.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    result = ingest_bundle(root / "release.jsonl", root / "lake", settings, source_format="userarena")
+    assert all(c.balanced for c in result.counts.values()), result.counts
+    return root / "lake", result
+
+
+def event_rejects(lake: Path) -> list[tuple[str, int]]:
+    rows = read_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table") == "events"))
+    return sorted(rows.select("reason", "source_row").iter_rows())
+
+
+def session_of(lake: Path, pv: str) -> tuple:
+    sessions = read_table(lake, "sessions").filter(pl.col("session_id") == session_key(pv))
+    return sessions.select("terminal", "cut_reason", "length").row(0)
+
+
+@pytest.fixture(scope="module")
+def mistyped(tmp_path_factory) -> tuple[Path, object]:
+    return ingest_records(tmp_path_factory.mktemp("mistyped"), MISTYPED_RECORDS)
+
+
+def test_a_step_with_a_non_numeric_scroll_top_cuts_its_session(mistyped):
+    lake, _ = mistyped
+    # never scroll_down, scroll_up, click, ipv_buy, end: the steps around step 2 did not follow each other
+    assert steps_of(lake, "pv-M1")["action"].to_list() == ["scroll_down", "scroll_up"]
+    assert session_of(lake, "pv-M1") == ("truncated", "schema_mismatch", 2)
+
+
+def test_a_step_with_an_unreadable_timestamp_cuts_its_session(mistyped):
+    lake, _ = mistyped
+    steps = steps_of(lake, "pv-M2")
+    assert steps["action"].to_list() == ["scroll_down", "scroll_up"]
+    assert steps["ts"].dt.second().to_list() == [0, 1]  # the logged times, not synthesised ones
+    assert session_of(lake, "pv-M2") == ("truncated", "schema_mismatch", 2)
+
+
+def test_a_mistyped_step_is_quarantined_once_at_its_records_line(mistyped):
+    lake, result = mistyped
+    assert steps_of(lake, "pv-M3")["action"].to_list() == ["scroll_down"]
+    assert session_of(lake, "pv-M3") == ("truncated", "schema_mismatch", 1)
+    # pv-M1 (line 0) and pv-M2 (line 1): step 2, then steps 3..5 after it; pv-M3 (line 2): steps 1
+    # and 3 under their own reason, steps 2, 4, 5 after the cut
+    assert event_rejects(lake) == sorted(
+        [("schema_mismatch", 0), *[("after_rejected_event", 0)] * 3,
+         ("schema_mismatch", 1), *[("after_rejected_event", 1)] * 3,
+         ("schema_mismatch", 2), ("schema_mismatch", 2), *[("after_rejected_event", 2)] * 3]
+    )  # fmt: skip
+    events = result.counts["events"]
+    # in: 3 records x 6 steps; out: 2 + 2 + 1 steps; quarantined: 4 + 4 + 5
+    assert (events.rows_in, events.rows_out, events.quarantined) == (18, 5, 13)
+    # pv-M2 logs every step's time, the bad one included: only pv-M1's and pv-M3's are synthesised
+    assert result.notes["synthetic_timestamps"] == 12
+
+
+def test_drop_session_drops_the_whole_session_of_a_mistyped_step(tmp_path):
+    settings = IngestSettings(on_bad_event="drop_session")
+    lake, result = ingest_records(tmp_path, MISTYPED_RECORDS[:1], settings)
+    assert read_table(lake, "steps").height == 0 and read_table(lake, "sessions").height == 0
+    # step 2 under its own reason; the other five steps with the session
+    assert event_rejects(lake) == sorted([("schema_mismatch", 0), *[("dropped_with_session", 0)] * 5])
+    events = result.counts["events"]
+    assert (events.rows_in, events.rows_out, events.quarantined) == (6, 0, 6)
+
+
+def test_a_mistyped_step_whose_action_is_dropped_cuts_nothing(tmp_path):
+    # a favorite between the two scrolls, mapped to drop: the session goes on whole without it
+    favorite = {"step_type": "feed", "action": "favorite", "scroll_top": "n/a", "item_id": "itm-1"}
+    record = feed_record("pv-F1", [*CLEAN_STEPS[:2], favorite, *CLEAN_STEPS[2:]])
+    lake, result = ingest_records(tmp_path, (record,), IngestSettings(action_map={"favorite": "drop"}))
+    expected = ["scroll_down", "scroll_up", "scroll_down", "click", "ipv_buy", "end"]
+    assert steps_of(lake, "pv-F1")["action"].to_list() == expected
+    assert session_of(lake, "pv-F1") == ("purchase", None, 6)
+    assert event_rejects(lake) == [("schema_mismatch", 0)]  # the reader could not type it
+    events = result.counts["events"]
+    assert (events.rows_in, events.rows_out, events.quarantined) == (7, 6, 1)
