@@ -12,9 +12,11 @@ import json
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -151,16 +153,9 @@ class Trainer(Generic[MicroBatch]):
         timer = timer or PhaseTimer(self.device)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total, tokens, parts = 0.0, 0, {}
         with timer.phase("forward_backward"):
-            for micro in micro_batches:
-                with autocast(self.device, self.bf16):
-                    sums = loss_fn(self.model, micro)
-                (sums.total / n_states).backward()
-                total += float(sums.total.detach())
-                tokens += sums.tokens
-                for name, value in sums.parts.items():
-                    parts[name] = parts.get(name, 0.0) + float(value)
+            cast = partial(autocast, self.device, self.bf16)
+            total, parts, tokens = accumulate(self.model, micro_batches, loss_fn, n_states, cast)
         lr = self.optimizer.param_groups[0]["lr"]
         with timer.phase("optimizer"):
             grad_norm = grads_finite_norm(self.params, self.clip)
@@ -169,7 +164,10 @@ class Trainer(Generic[MicroBatch]):
                 self.optimizer.zero_grad(set_to_none=True)
             else:
                 self.optimizer.step()
-            self.scheduler.step()
+            with warnings.catch_warnings():
+                # torch warns when the schedule advances past a skipped update: that is intended here
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                self.scheduler.step()
         self.updates += 1
         return StepReport(
             step=self.updates,
@@ -181,6 +179,27 @@ class Trainer(Generic[MicroBatch]):
             tokens=tokens,
             seconds=dict(timer.seconds),
         )
+
+
+def accumulate(
+    model: torch.nn.Module,
+    micro_batches: Sequence[MicroBatch],
+    loss_fn: Callable[[torch.nn.Module, MicroBatch], LossSums],
+    n_states: int,
+    cast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> tuple[float, dict[str, float], int]:
+    """Backward of each micro-batch's state-loss sum over ``n_states``: the gradients add up to those of
+    the mean over all the update's states. Returns the summed loss and parts (undivided) and tokens."""
+    total, tokens, parts = 0.0, 0, {}
+    for micro in micro_batches:
+        with cast():
+            sums = loss_fn(model, micro)
+        (sums.total / n_states).backward()
+        total += float(sums.total.detach())
+        tokens += sums.tokens
+        for name, value in sums.parts.items():
+            parts[name] = parts.get(name, 0.0) + float(value)
+    return total, parts, tokens
 
 
 def split(items: Sequence[Any], size: int) -> list[Sequence[Any]]:

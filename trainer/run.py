@@ -1,7 +1,7 @@
 """The SFT run: records -> states -> updates, with held-out loss, metrics and checkpoints.
 
 ``OUT/metrics.jsonl`` gets one row per update (kind ``train``) and per held-out
-evaluation (kind ``eval``); ``OUT/summary.json`` what went in and what came out.
+evaluation (kind ``eval``); ``OUT/summary.json`` says what went in and what came out.
 """
 
 from __future__ import annotations
@@ -17,8 +17,17 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
-from trainer.data import RecordText, State, StateSampler, collate, data_hash, encode, load_records
-from trainer.data import power_law_weights
+from trainer.data import (
+    Batch,
+    RecordText,
+    State,
+    StateSampler,
+    collate,
+    data_hash,
+    encode,
+    load_records,
+    power_law_weights,
+)
 from trainer.loop import MetricsLog, PhaseTimer, Trainer, adam, schedule, seed_everything, split
 from trainer.models import build_tiny_model, load_pretrained, tokenizer_fingerprint, train_tokenizer
 from trainer.sft import held_out_loss, sft_loss
@@ -39,14 +48,58 @@ class RunSummary:
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> records not trained on
     data_hash: str = ""
 
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+
+@dataclass
+class SftRun:
+    """Everything one run holds: the model, its states, the sampler and the optimiser."""
+
+    settings: TrainSettings
+    out: Path
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    states: list[State]
+    eval_batches: list[Batch]
+    sampler: StateSampler
+    trainer: Trainer
+    meta: dict[str, Any]  # what every checkpoint records besides the step and the sampler
+    left_out: Counter[str]
+
+    @property
+    def vocab(self) -> int:
+        return len(self.tokenizer)
+
+    def loss(self, model: PreTrainedModel, batch: Batch):
+        return sft_loss(model, batch, self.vocab)
+
+    def next_update(self) -> tuple[list[Batch], int]:
+        """The next update's micro-batches and its number of states."""
+        chosen = [self.states[i] for i in self.sampler.take(self.settings.states_per_update)]
+        size, device = self.settings.micro_batch_states, self.trainer.device
+        return micro_batches(chosen, size, self.tokenizer, device), len(chosen)
+
+    def held_out(self) -> float | None:
+        return held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
+
+    def checkpoint(self, step: int, held_out_start: float | None) -> Path:
+        meta = {**self.meta, "sampler": self.sampler.state_dict(), "held_out_loss_start": held_out_start}
+        optimizer, scheduler, keep = (
+            self.trainer.optimizer,
+            self.trainer.scheduler,
+            self.settings.keep_checkpoints,
+        )
+        return save_checkpoint(self.out, step, self.model, self.tokenizer, optimizer, scheduler, meta, keep)
 
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def micro_batches(
+    states: list[State], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
+) -> list[Batch]:
+    return [collate(chunk, tokenizer.pad_token_id).to(device) for chunk in split(states, size)]
 
 
 def starting_model(
@@ -60,12 +113,63 @@ def starting_model(
     return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
 
 
-def batches(states: list[State], size: int, pad_id: int, device: torch.device) -> list:
-    return [collate(chunk, pad_id).to(device) for chunk in split(states, size)]
-
-
 def settings_json(settings: TrainSettings) -> dict[str, Any]:
     return json.loads(json.dumps(settings.model_dump(mode="json")))
+
+
+def prepare(settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None) -> SftRun:
+    """Seed, read and encode the states, build or load the model, the sampler and the optimiser."""
+    device = pick_device(settings.device)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    seed_everything(settings.seed)
+    records, left_out = load_records(lake, [settings.train_split], settings.modes)
+    eval_records, _ = load_records(lake, [settings.eval_split], settings.modes)
+    model, tokenizer = starting_model(records, settings, start_from)
+    model.to(device)
+    limits = settings.max_prompt_tokens, settings.max_response_tokens
+    states, dropped = encode(records, tokenizer, *limits)
+    if not states:
+        left = dict(left_out + dropped)
+        raise ValueError(f"no {settings.train_split} states to train on in {lake} (left out: {left})")
+    eval_states, _ = encode(eval_records, tokenizer, *limits)
+    weights = None
+    if settings.class_resampling_alpha is not None:
+        weights = power_law_weights([s.record.action for s in states], settings.class_resampling_alpha)
+    optimizer = adam(model, settings.lr, settings.adam_betas, settings.adam_eps)
+    trainer = Trainer(
+        model,
+        optimizer,
+        schedule(optimizer, settings.warmup_steps, settings.steps),
+        clip=settings.clip_grad_norm,
+        device=device,
+        bf16=settings.bf16,
+    )
+    digest = data_hash(states, tokenizer_fingerprint(tokenizer))
+    return SftRun(
+        settings=settings,
+        out=out,
+        model=model,
+        tokenizer=tokenizer,
+        states=states,
+        eval_batches=micro_batches(
+            eval_states[: settings.eval_max_states], settings.micro_batch_states, tokenizer, device
+        ),
+        sampler=StateSampler(len(states), settings.seed, weights),
+        trainer=trainer,
+        meta={"stage": "sft", "settings": settings_json(settings), "data_hash": digest},
+        left_out=left_out + dropped,
+    )
+
+
+def restore(run: SftRun, folder: Path) -> tuple[int, float | None]:
+    """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns (step, start loss)."""
+    meta = read_meta(folder)
+    check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
+    restore_training_state(folder, run.trainer.optimizer, run.trainer.scheduler)
+    run.sampler.load_state_dict(meta["sampler"])
+    run.trainer.updates = meta["step"]
+    return meta["step"], meta.get("held_out_loss_start")
 
 
 def run_sft(
@@ -83,108 +187,53 @@ def run_sft(
     data required); ``stop_after`` ends this call after that update, with a checkpoint.
     """
     out = Path(out)
-    device = pick_device(settings.device)
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
-    seed_everything(settings.seed)
-    train_records, left_out = load_records(lake, [settings.train_split], settings.modes)
-    eval_records, _ = load_records(lake, [settings.eval_split], settings.modes)
     resume_from = latest(out) if resume else None
     if resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out}/checkpoints")
-    model, tokenizer = starting_model(train_records, settings, resume_from or base)
-    model.to(device)
-    vocab = len(tokenizer)
-    limits = settings.max_prompt_tokens, settings.max_response_tokens
-    states, dropped = encode(train_records, tokenizer, *limits)
-    eval_states, _ = encode(eval_records, tokenizer, *limits)
-    eval_batches = batches(
-        eval_states[: settings.eval_max_states], settings.micro_batch_states, tokenizer.pad_token_id, device
-    )
-    digest = data_hash(states, tokenizer_fingerprint(tokenizer))
-    weights = None
-    if settings.class_resampling_alpha is not None:
-        weights = power_law_weights([s.record.action for s in states], settings.class_resampling_alpha)
-    sampler = StateSampler(len(states), settings.seed, weights)
-    optimizer = adam(model, settings.lr, settings.adam_betas, settings.adam_eps)
-    scheduler = schedule(optimizer, settings.warmup_steps, settings.steps)
-    trainer = Trainer(
-        model, optimizer, scheduler, clip=settings.clip_grad_norm, device=device, bf16=settings.bf16
-    )
-    meta_base = {
-        "stage": "sft",
-        "settings": settings_json(settings),
-        "data_hash": digest,
-        "base": str(base or ""),
-    }
-    start, start_loss = 0, None
-    if resume_from is not None:
-        meta = read_meta(resume_from)
-        check_resumable(meta, meta_base["settings"], digest)
-        restore_training_state(resume_from, optimizer, scheduler)
-        sampler.load_state_dict(meta["sampler"])
-        start, start_loss = meta["step"], meta.get("held_out_loss_start")
-        trainer.updates = start
+        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    run = prepare(settings, lake, out, resume_from or base)
+    if base is not None:
+        run.meta["base"] = str(base)
+    start, start_loss = restore(run, resume_from) if resume_from else (0, None)
     metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
-
-    def evaluate(step: int) -> float | None:
-        if not eval_batches:
-            return None
-        loss = held_out_loss(model, eval_batches, vocab)
-        metrics.write(
-            {
-                "kind": "eval",
-                "step": step,
-                "held_out_loss": loss,
-                "states": len(eval_states[: settings.eval_max_states]),
-            }
-        )
-        return loss
-
-    def checkpoint(step: int) -> Path:
-        meta = {**meta_base, "sampler": sampler.state_dict(), "held_out_loss_start": start_loss}
-        return save_checkpoint(
-            out, step, model, tokenizer, optimizer, scheduler, meta, settings.keep_checkpoints
-        )
-
+    held_out_states = sum(b.n_states for b in run.eval_batches)
     if start == 0:
-        start_loss = evaluate(0)
+        start_loss = run.held_out()
+        metrics.write({"kind": "eval", "step": 0, "held_out_loss": start_loss, "states": held_out_states})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    skipped, saved, last_loss = 0, None, start_loss
+    end_loss = train_updates(run, metrics, start, end, start_loss, progress)
+    summary = RunSummary(
+        checkpoint=str(run.checkpoint(end, start_loss)),
+        steps=end,
+        skipped_steps=sum(row["skipped"] for row in metrics.rows() if row["kind"] == "train"),
+        train_states=len(run.states),
+        held_out_states=held_out_states,
+        held_out_loss_start=start_loss,
+        held_out_loss_end=end_loss,
+        left_out=dict(run.left_out),
+        data_hash=run.meta["data_hash"],
+    )
+    (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    return summary
 
-    def loss_fn(m, b):
-        return sft_loss(m, b, vocab)
 
-    bar = tqdm(total=settings.steps, initial=start, disable=not progress, desc="sft", unit="update")
+def train_updates(
+    run: SftRun, metrics: MetricsLog, start: int, end: int, start_loss: float | None, progress: bool
+) -> float | None:
+    """Updates ``start+1 .. end`` with their metrics, evaluations and step checkpoints; last held-out loss."""
+    s, loss = run.settings, start_loss
+    bar = tqdm(total=s.steps, initial=start, disable=not progress, desc="sft", unit="update")
     for step in range(start + 1, end + 1):
-        timer = PhaseTimer(device)
+        timer = PhaseTimer(run.trainer.device)
         with timer.phase("data"):
-            chosen = [states[i] for i in sampler.take(settings.states_per_update)]
-            micro = batches(chosen, settings.micro_batch_states, tokenizer.pad_token_id, device)
-        report = trainer.step(micro, loss_fn, n_states=len(chosen), timer=timer)
-        skipped += report.skipped
+            batches, n_states = run.next_update()
+        report = run.trainer.step(batches, run.loss, n_states=n_states, timer=timer)
         metrics.write({"kind": "train", **report.as_json()})
         bar.update(1)
         bar.set_postfix(loss=f"{report.loss:.3f}", lr=f"{report.lr:.2e}")
-        if settings.eval_every and step % settings.eval_every == 0 and step != settings.steps:
-            last_loss = evaluate(step)
-        if settings.checkpoint_every and step % settings.checkpoint_every == 0:
-            saved = checkpoint(step)
+        if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
+            loss = run.held_out()
+            metrics.write({"kind": "eval", "step": step, "held_out_loss": loss})
+        if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
+            run.checkpoint(step, start_loss)
     bar.close()
-    if end == settings.steps:
-        last_loss = evaluate(end)
-    if saved is None or not saved.name.endswith(f"{end:06d}"):
-        saved = checkpoint(end)
-    summary = RunSummary(
-        checkpoint=str(saved),
-        steps=end,
-        skipped_steps=skipped,
-        train_states=len(states),
-        held_out_states=len(eval_states[: settings.eval_max_states]),
-        held_out_loss_start=start_loss,
-        held_out_loss_end=last_loss,
-        left_out=dict(Counter(left_out) + Counter(dropped)),
-        data_hash=digest,
-    )
-    (out / "summary.json").write_text(json.dumps(summary.as_json(), indent=2))
-    return summary
+    return loss

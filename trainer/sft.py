@@ -22,11 +22,12 @@ def response_hidden(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
 
 
 def response_logits(model: PreTrainedModel, hidden: torch.Tensor, vocab: int) -> torch.Tensor:
-    """float32 logits [N, vocab]: the LM head in float32 even under autocast, padded rows left out."""
+    """Logits [N, vocab] in float32 at least (even under autocast), padded vocabulary rows left out."""
     head = model.get_output_embeddings()
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
     with torch.autocast(hidden.device.type, enabled=False):
-        bias = None if head.bias is None else head.bias[:vocab].float()
-        return F.linear(hidden.float(), head.weight[:vocab].float(), bias)
+        bias = None if head.bias is None else head.bias[:vocab].to(dtype)
+        return F.linear(hidden.to(dtype), head.weight[:vocab].to(dtype), bias)
 
 
 def state_means(values: torch.Tensor, owner: torch.Tensor, n_states: int) -> torch.Tensor:
