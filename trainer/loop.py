@@ -166,7 +166,7 @@ class Trainer(Generic[MicroBatch]):
                 self.optimizer.step()
             with warnings.catch_warnings():
                 # torch warns when the schedule advances past a skipped update: that is intended here
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 self.scheduler.step()
         self.updates += 1
         return StepReport(
