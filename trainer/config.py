@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from trainer.models import TinyModelSpec
+if TYPE_CHECKING:
+    from trainer.models import TinyModelSpec
 
 
 class TinyModelSettings(BaseModel):
@@ -34,6 +35,8 @@ class TinyModelSettings(BaseModel):
     max_positions: int = Field(4096, ge=64)
 
     def spec(self) -> TinyModelSpec:
+        from trainer.models import TinyModelSpec  # torch is imported by a run, not by the settings
+
         return TinyModelSpec(**self.model_dump())
 
 
