@@ -80,8 +80,8 @@ class SftRun:
     def held_out(self) -> float | None:
         return held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
 
-    def checkpoint(self, step: int, held_out_start: float | None) -> Path:
-        meta = {**self.meta, "sampler": self.sampler.state_dict(), "held_out_loss_start": held_out_start}
+    def checkpoint(self, step: int) -> Path:
+        meta = {**self.meta, "sampler": self.sampler.state_dict()}
         optimizer, scheduler, keep = (
             self.trainer.optimizer,
             self.trainer.scheduler,
@@ -162,14 +162,15 @@ def prepare(settings: TrainSettings, lake: str | Path, out: Path, start_from: st
     )
 
 
-def restore(run: SftRun, folder: Path) -> tuple[int, float | None]:
-    """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns (step, start loss)."""
+def restore(run: SftRun, folder: Path) -> int:
+    """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns its step."""
     meta = read_meta(folder)
     check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
     restore_training_state(folder, run.trainer.optimizer, run.trainer.scheduler)
     run.sampler.load_state_dict(meta["sampler"])
     run.trainer.updates = meta["step"]
-    return meta["step"], meta.get("held_out_loss_start")
+    run.meta["held_out_loss_start"] = meta["held_out_loss_start"]
+    return meta["step"]
 
 
 def run_sft(
@@ -193,22 +194,22 @@ def run_sft(
     run = prepare(settings, lake, out, resume_from or base)
     if base is not None:
         run.meta["base"] = str(base)
-    start, start_loss = restore(run, resume_from) if resume_from else (0, None)
+    start = restore(run, resume_from) if resume_from else 0
     metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
-    held_out_states = sum(b.n_states for b in run.eval_batches)
     if start == 0:
-        start_loss = run.held_out()
-        metrics.write({"kind": "eval", "step": 0, "held_out_loss": start_loss, "states": held_out_states})
+        run.meta["held_out_loss_start"] = run.held_out()
+        metrics.write({"kind": "eval", "step": 0, "held_out_loss": run.meta["held_out_loss_start"]})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    end_loss = train_updates(run, metrics, start, end, start_loss, progress)
+    train_updates(run, metrics, start, end, progress)
+    evaluations = [row["held_out_loss"] for row in metrics.rows() if row["kind"] == "eval"]
     summary = RunSummary(
-        checkpoint=str(run.checkpoint(end, start_loss)),
+        checkpoint=str(run.checkpoint(end)),
         steps=end,
         skipped_steps=sum(row["skipped"] for row in metrics.rows() if row["kind"] == "train"),
         train_states=len(run.states),
-        held_out_states=held_out_states,
-        held_out_loss_start=start_loss,
-        held_out_loss_end=end_loss,
+        held_out_states=sum(b.n_states for b in run.eval_batches),
+        held_out_loss_start=run.meta["held_out_loss_start"],
+        held_out_loss_end=evaluations[-1] if evaluations else None,
         left_out=dict(run.left_out),
         data_hash=run.meta["data_hash"],
     )
@@ -216,11 +217,9 @@ def run_sft(
     return summary
 
 
-def train_updates(
-    run: SftRun, metrics: MetricsLog, start: int, end: int, start_loss: float | None, progress: bool
-) -> float | None:
-    """Updates ``start+1 .. end`` with their metrics, evaluations and step checkpoints; last held-out loss."""
-    s, loss = run.settings, start_loss
+def train_updates(run: SftRun, metrics: MetricsLog, start: int, end: int, progress: bool) -> None:
+    """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints."""
+    s = run.settings
     bar = tqdm(total=s.steps, initial=start, disable=not progress, desc="sft", unit="update")
     for step in range(start + 1, end + 1):
         timer = PhaseTimer(run.trainer.device)
@@ -231,9 +230,7 @@ def train_updates(
         bar.update(1)
         bar.set_postfix(loss=f"{report.loss:.3f}", lr=f"{report.lr:.2e}")
         if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
-            loss = run.held_out()
-            metrics.write({"kind": "eval", "step": step, "held_out_loss": loss})
+            metrics.write({"kind": "eval", "step": step, "held_out_loss": run.held_out()})
         if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
-            run.checkpoint(step, start_loss)
+            run.checkpoint(step)
     bar.close()
-    return loss

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 from typer.testing import CliRunner
 
 from extractors.config import ExtractSettings
@@ -103,7 +110,7 @@ def test_the_saved_tokenizer_reloads_with_the_same_ids(pipeline_lake, tmp_path):
     assert reloaded.decode(reloaded(text, add_special_tokens=False)["input_ids"]) == text
 
 
-def parameters(checkpoint: str) -> dict[str, torch.Tensor]:
+def parameters(checkpoint: str | Path) -> dict[str, torch.Tensor]:
     return load_file(Path(checkpoint) / "model.safetensors")
 
 
@@ -162,3 +169,50 @@ def test_cli_trains_sft_end_to_end(prefect_harness, tiny_lake, tmp_path):
         app, ["train", "--lake", str(tiny_lake), "--stage", "optd", "--out", str(tmp_path / "o")]
     )
     assert optd.exit_code == 1 and "not available yet" in optd.output
+
+
+def foreign_checkpoint(folder: Path, texts: list[str]) -> Path:
+    """A pretrained-style folder as a user brings it: its own chat template and special tokens, no pad token,
+    and a model vocabulary a few rows larger than the tokenizer."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=["<s>", "</s>"], initial_alphabet=alphabet)
+    backend.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = FOREIGN_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + 5, hidden_size=32, intermediate_size=64, num_hidden_layers=1
+    )
+    config.num_attention_heads = config.num_key_value_heads = 2
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+FOREIGN_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
+)
+
+
+def test_a_pretrained_base_is_trained_with_its_own_tokenizer_and_template(tiny_lake, tmp_path):
+    records = load_records(tiny_lake, ["train"], ["single"])[0]
+    base = foreign_checkpoint(
+        tmp_path / "base", [t for r in records for t in (r.system, r.prompt, r.response)]
+    )
+    summary = run_sft(
+        small(steps=2, eval_split="val"), tiny_lake, tmp_path / "run", base=base, progress=False
+    )
+    tokenizer = AutoTokenizer.from_pretrained(summary.checkpoint)
+    assert tokenizer.chat_template == FOREIGN_TEMPLATE
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("</s>", "</s>")  # no pad token: eos pads
+    prompt = tokenizer.decode(prompt_ids(tokenizer, records[0].messages()))
+    assert prompt == f"[SYSTEM] {records[0].system}</s>[USER] {records[0].prompt}</s>[ASSISTANT] "
+    before, after = parameters(base), parameters(summary.checkpoint)
+    assert after["model.embed_tokens.weight"].shape[0] == len(tokenizer) + 5  # padded rows kept as they are
+    assert not torch.equal(
+        before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"]
+    )
+    assert json.loads((Path(summary.checkpoint) / "trainer.json").read_text())["base"] == str(base)
