@@ -30,8 +30,10 @@ class TinyModelSettings(BaseModel):
     hidden_size: int = Field(64, ge=8)
     intermediate_size: int = Field(256, ge=8)
     num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
+    num_heads: int = Field(
+        2, ge=1, description="head size hidden/heads = 32: the smallest vLLM's kernels take"
+    )
+    num_kv_heads: int = Field(1, ge=1)
     max_positions: int = Field(4096, ge=64)
 
     def spec(self) -> TinyModelSpec:

@@ -194,12 +194,17 @@ class StateSampler:
             raise ValueError("no training states to sample from")
         self.n_states, self.seed, self.weights = n_states, seed, weights
         self.drawn = 0
+        self._cached: tuple[int, torch.Tensor] = (-1, torch.empty(0, dtype=torch.long))
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        if self.weights is None:
-            return torch.randperm(self.n_states, generator=generator)
-        return torch.multinomial(self.weights, self.n_states, replacement=True, generator=generator)
+        if self._cached[0] != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            if self.weights is None:
+                order = torch.randperm(self.n_states, generator=generator)
+            else:
+                order = torch.multinomial(self.weights, self.n_states, replacement=True, generator=generator)
+            self._cached = (epoch, order)
+        return self._cached[1]
 
     def take(self, k: int) -> list[int]:
         out: list[int] = []

@@ -53,8 +53,8 @@ class TinyModelSpec:
     hidden_size: int = 64
     intermediate_size: int = 256
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 2  # head size 32, the smallest vLLM's flash-attention kernels take
+    num_kv_heads: int = 1
     max_positions: int = 4096
 
 
