@@ -182,4 +182,22 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folde
     folder = Path(folder)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    portable_tokenizer_config(folder / "tokenizer_config.json", tokenizer.chat_template)
     return folder
+
+
+def portable_tokenizer_config(path: Path, chat_template: str | None) -> None:
+    """Make the saved tokenizer loadable by older transformers too (as a vLLM install may pin).
+
+    transformers 5 names a plain ``tokenizers`` tokenizer ``TokenizersBackend``, a class 4.x
+    lacks, and keeps the chat template only in ``chat_template.jinja``; both versions read
+    ``PreTrainedTokenizerFast`` and an inline template.
+    """
+    config = json.loads(path.read_text())
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if chat_template and "chat_template" not in config:
+        config["chat_template"] = chat_template
+    for load_time_flag in ("is_local", "local_files_only"):  # how it was last loaded, not what it is
+        config.pop(load_time_flag, None)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")

@@ -108,7 +108,8 @@ def starting_model(
     """``base`` as it is, or the tiny default with a tokenizer trained on the records' texts."""
     if base is not None:
         return load_pretrained(base)
-    texts = (text for r in records for text in (r.system, r.prompt, r.response))
+    systems = dict.fromkeys(r.system for r in records)  # a handful of system prompts, each once
+    texts = [*systems, *(text for r in records for text in (r.prompt, r.response))]
     tokenizer = train_tokenizer(texts, settings.tiny.vocab_size)
     return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
 

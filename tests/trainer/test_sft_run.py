@@ -108,6 +108,10 @@ def test_the_saved_tokenizer_reloads_with_the_same_ids(pipeline_lake, tmp_path):
         "<|pad|>",
     )
     assert reloaded.decode(reloaded(text, add_special_tokens=False)["input_ids"]) == text
+    # and older transformers (a vLLM install may pin one) find a class they have and the template inline
+    saved = json.loads((Path(summary.checkpoint) / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert saved["chat_template"] == reloaded.chat_template and "{{ bos_token }}" in saved["chat_template"]
 
 
 def parameters(checkpoint: str | Path) -> dict[str, torch.Tensor]:
