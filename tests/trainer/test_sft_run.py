@@ -55,7 +55,7 @@ def small(**overrides) -> TrainSettings:
         steps=6,
         states_per_update=4,
         micro_batch_states=2,
-        lr=2e-2,
+        lr=1e-2,
         warmup_steps=1,
         eval_every=0,
         checkpoint_every=0,
@@ -72,7 +72,7 @@ def test_sft_lowers_the_held_out_loss_and_the_checkpoint_loads_and_generates(pip
     assert summary.held_out_states == 6 and summary.skipped_steps == 0
     # an untrained model scores about ln(512) = 6.2 nats per token; the JSON responses are very regular
     assert summary.held_out_loss_start == pytest.approx(math.log(512), abs=0.5)
-    assert summary.held_out_loss_end < summary.held_out_loss_start - 1.0
+    assert summary.held_out_loss_end < summary.held_out_loss_start - 0.5
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 9))
