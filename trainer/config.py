@@ -73,6 +73,9 @@ class TrainSettings(BaseSettings):
     )
     bf16: bool = Field(True, description="bf16 autocast on CUDA (paper: BF16); CPU runs in float32")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in backward (long prompts)"
+    )
     torch_threads: int | None = Field(2, ge=1, description="CPU threads for torch (None: torch's default)")
     # --- bookkeeping -------------------------------------------------------------------
     eval_every: int = Field(20, ge=0, description="held-out loss every N updates (0: only at the end)")

@@ -138,6 +138,15 @@ def load_pretrained(
     return model, tokenizer
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in backward (transformers 5 name, 4.x fallback)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def model_vocab_size(model: PreTrainedModel) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 

@@ -28,8 +28,14 @@ from trainer.data import (
     load_records,
     power_law_weights,
 )
-from trainer.loop import MetricsLog, PhaseTimer, Trainer, adam, schedule, seed_everything, split
-from trainer.models import build_tiny_model, load_pretrained, tokenizer_fingerprint, train_tokenizer
+from trainer.loop import LossSums, MetricsLog, PhaseTimer, Trainer, adam, schedule, seed_everything, split
+from trainer.models import (
+    build_tiny_model,
+    enable_activation_checkpointing,
+    load_pretrained,
+    tokenizer_fingerprint,
+    train_tokenizer,
+)
 from trainer.sft import held_out_loss, sft_loss
 
 if TYPE_CHECKING:
@@ -68,7 +74,7 @@ class SftRun:
     def vocab(self) -> int:
         return len(self.tokenizer)
 
-    def loss(self, model: PreTrainedModel, batch: Batch):
+    def loss(self, model: PreTrainedModel, batch: Batch) -> LossSums:
         return sft_loss(model, batch, self.vocab)
 
     def next_update(self) -> tuple[list[Batch], int]:
@@ -128,6 +134,8 @@ def prepare(settings: TrainSettings, lake: str | Path, out: Path, start_from: st
     eval_records, _ = load_records(lake, [settings.eval_split], settings.modes)
     model, tokenizer = starting_model(records, settings, start_from)
     model.to(device)
+    if settings.activation_checkpointing:
+        enable_activation_checkpointing(model)
     limits = settings.max_prompt_tokens, settings.max_response_tokens
     states, dropped = encode(records, tokenizer, *limits)
     if not states:

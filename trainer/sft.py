@@ -17,7 +17,7 @@ from trainer.loop import LossSums
 
 def response_hidden(model: PreTrainedModel, batch: Batch) -> torch.Tensor:
     """Final hidden states [N, H] at the positions that predict the batch's response tokens."""
-    out = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    out = model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     return out.last_hidden_state[batch.rows, batch.positions]
 
 

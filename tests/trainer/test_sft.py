@@ -14,7 +14,12 @@ from tests.extractors.tinylake import records_frame
 from tests.trainer.conftest import TINY, tiny_model
 from trainer.data import StateSampler, collate, encode, load_records, power_law_weights
 from trainer.loop import LossSums, Trainer, WarmupLinearDecay, accumulate, adam, schedule, split
-from trainer.models import VocabularyMismatch, check_same_vocabulary, train_tokenizer
+from trainer.models import (
+    VocabularyMismatch,
+    check_same_vocabulary,
+    enable_activation_checkpointing,
+    train_tokenizer,
+)
 from trainer.sft import sft_loss
 from transforms.lake import write_table
 
@@ -120,6 +125,16 @@ def test_loss_and_gradients_identical_across_micro_batch_splits_and_padding(stat
         assert value == pytest.approx(reference_value, abs=1e-12), (size, pad_to)
         for a, b in zip(grad, reference_grads, strict=True):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(states, tokenizer):
+    model = tiny_model(tokenizer).double().train()
+    reference_value, reference_grads = accumulated(model, states[:3], tokenizer, size=2)
+    enable_activation_checkpointing(model)
+    value, grad = accumulated(model, states[:3], tokenizer, size=2)
+    assert value == pytest.approx(reference_value, abs=1e-12)
+    for a, b in zip(grad, reference_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
 
 def test_padded_vocabulary_rows_get_no_probability_and_no_gradient(states, tokenizer):
