@@ -57,6 +57,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     meta: dict[str, Any],
+    *,
     keep: int,
 ) -> Path:
     """Write step ``step``'s checkpoint atomically; keep the newest ``keep`` step folders."""

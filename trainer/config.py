@@ -73,7 +73,7 @@ class TrainSettings(BaseSettings):
     )
     bf16: bool = Field(True, description="bf16 autocast on CUDA (paper: BF16); CPU runs in float32")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    gradient_checkpointing: bool = Field(
+    activation_checkpointing: bool = Field(
         False, description="recompute activations in backward (long prompts)"
     )
     torch_threads: int | None = Field(2, ge=1, description="CPU threads for torch (None: torch's default)")

@@ -87,13 +87,9 @@ class SftRun:
         return held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
 
     def checkpoint(self, step: int) -> Path:
-        meta = {**self.meta, "sampler": self.sampler.state_dict()}
-        optimizer, scheduler, keep = (
-            self.trainer.optimizer,
-            self.trainer.scheduler,
-            self.settings.keep_checkpoints,
-        )
-        return save_checkpoint(self.out, step, self.model, self.tokenizer, optimizer, scheduler, meta, keep)
+        t, meta = self.trainer, {**self.meta, "sampler": self.sampler.state_dict()}
+        parts = (self.model, self.tokenizer, t.optimizer, t.scheduler)
+        return save_checkpoint(self.out, step, *parts, meta, keep=self.settings.keep_checkpoints)
 
 
 def pick_device(name: str) -> torch.device:
@@ -194,7 +190,8 @@ def run_sft(
     """Train ``settings.steps`` updates on the lake's gold responses; return where the checkpoint is.
 
     ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings and
-    data required); ``stop_after`` ends this call after that update, with a checkpoint.
+    data required; ``base`` is then only recorded); ``stop_after`` ends this call after
+    that update, with a checkpoint.
     """
     out = Path(out)
     resume_from = latest(out) if resume else None
