@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 COLUMNS = ["record_id", "mode", "system", "prompt", "response", "action", "intent", "split"]
+GOLD_MISSING = "gold_missing"  # the records stage's reason code for a null gold response, where it writes one
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,20 @@ class State:
 def load_records(
     lake: str | Path, splits: Sequence[str], modes: Sequence[str]
 ) -> tuple[list[RecordText], Counter[str]]:
-    """Records of ``splits`` and ``modes`` sorted by key, and the count of those without a gold response."""
+    """Records of ``splits`` and ``modes`` sorted by key, and those without a gold response counted by
+    reason (the table's ``gold_missing`` code, else ``no_gold_response``)."""
     folder = Path(lake) / "records"
     if not folder.exists():
         raise FileNotFoundError(f"no records table under {lake}: run the records stage first")
     dataset = ds.dataset(folder, format="parquet", partitioning="hive")
     wanted = pc.field("split").isin(list(splits)) & pc.field("mode").isin(list(modes))
-    rows = dataset.to_table(columns=COLUMNS, filter=wanted).to_pylist()
+    why_missing = [GOLD_MISSING] if GOLD_MISSING in dataset.schema.names else []
+    rows = dataset.to_table(columns=COLUMNS + why_missing, filter=wanted).to_pylist()
     skipped: Counter[str] = Counter()
     records = []
     for row in rows:
         if not (row["response"] or "").strip():
-            skipped["no_gold_response"] += 1
+            skipped[row.get(GOLD_MISSING) or "no_gold_response"] += 1
             continue
         records.append(
             RecordText(

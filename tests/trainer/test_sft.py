@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,20 @@ def test_records_without_a_gold_response_are_skipped_and_counted(tmp_path):
     assert skipped == Counter({"no_gold_response": 3})
     assert len(records) == frame.filter(pl.col("split") == "train").height - 3
     assert not {f"single/{r}" for r in blank} & {r.key for r in records}
+
+
+def test_the_records_reason_code_for_a_missing_gold_response_is_what_is_counted(tmp_path):
+    frame = records_frame().filter(pl.col("mode") == "single").head(4)
+    reasons = [None, "rationale_missing", "rationale_quarantined", "rationale_missing"]
+    coded = frame.with_columns(
+        pl.Series("gold_missing", reasons, dtype=pl.String),
+        pl.when(pl.Series(reasons).is_null()).then(pl.col("response")).alias("response"),
+    )
+    (tmp_path / "records" / "bucket=0").mkdir(parents=True)
+    pq.write_table(coded.drop("bucket").to_arrow(), tmp_path / "records" / "bucket=0" / "part-0.parquet")
+    records, skipped = load_records(tmp_path, ["train"], ["single"])
+    assert skipped == Counter({"rationale_missing": 2, "rationale_quarantined": 1})
+    assert [r.key for r in records] == [f"single/{frame['record_id'][0]}"]
 
 
 def test_state_is_chat_prompt_with_generation_prompt_then_response_and_eos(train_records, tokenizer, states):
