@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -256,3 +259,18 @@ def test_student_and_teacher_with_different_vocabularies_fail_at_once(train_reco
     wider = tiny_model(tokenizer, spec=TINY.__class__(**{**vars(TINY), "pad_vocab_multiple": 256}))
     with pytest.raises(VocabularyMismatch, match="model vocabulary rows differ: student 448, teacher 512"):
         check_same_vocabulary(student, tokenizer, wider, tokenizer)
+
+
+def test_trainer_modules_import_without_the_pipeline_stack():
+    # the GPU machine has torch, transformers, tokenizers, safetensors and pyarrow, nothing of the pipeline
+    blocked = ("polars", "prefect", "duckdb", "pydantic", "pydantic_settings", "great_expectations")
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}:\n    sys.modules[name] = None\n"
+        "import trainer.checkpoint, trainer.data, trainer.loop, trainer.models, trainer.run, trainer.sft\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
