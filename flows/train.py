@@ -82,7 +82,8 @@ def train_command(
     ] = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="TOML file with [train] settings", exists=True, dir_okay=False),
+        # escaped: Rich would read [train] as markup and print nothing in its place
+        typer.Option("--config", help="TOML file with \\[train] settings", exists=True, dir_okay=False),
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the newest checkpoint in --out")
