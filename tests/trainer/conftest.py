@@ -4,22 +4,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 import torch
 
-from tests.extractors.tinylake import write_tiny_lake
+from tests.extractors.tinylake import records_frame, write_tiny_lake
 from trainer.data import RecordText, encode, load_records
 from trainer.models import TinyModelSpec, build_tiny_model, train_tokenizer
+from transforms.lake import write_table
 
 TINY = TinyModelSpec(
     vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1
 )
 
 
+def answered_records() -> pl.DataFrame:
+    """The hand-built records with a gold response each, as after extraction: a short rationale and the action."""
+    frame = records_frame()
+    response = pl.concat_str(
+        pl.lit('{"rationale":"I choose '),
+        pl.col("action"),
+        pl.lit('.","action":'),
+        pl.col("action_json"),
+        pl.lit("}"),
+    )
+    filled = frame.with_columns(response.alias("response"))
+    if "gold_missing" in frame.columns:
+        filled = filled.with_columns(pl.lit(None, dtype=pl.String).alias("gold_missing"))
+    return filled
+
+
 @pytest.fixture(scope="module")
 def tiny_lake(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tinylake")
     write_tiny_lake(path)
+    write_table(path, "records", answered_records())
     return path
 
 

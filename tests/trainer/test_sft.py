@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.extractors.tinylake import records_frame
-from tests.trainer.conftest import TINY, tiny_model
+from tests.trainer.conftest import TINY, answered_records, tiny_model
 from trainer.data import StateSampler, collate, encode, load_records, power_law_weights
 from trainer.loop import LossSums, Trainer, WarmupLinearDecay, accumulate, adam, schedule, split
 from trainer.models import (
@@ -31,7 +30,7 @@ from transforms.lake import write_table
 
 
 def test_records_without_a_gold_response_are_skipped_and_counted(tmp_path):
-    frame = records_frame()
+    frame = answered_records()
     # the first three rows are user A's (train, single mode only): one empty, two null responses
     blank = frame["record_id"].head(3).to_list()
     response = pl.col("response")
@@ -51,7 +50,7 @@ def test_records_without_a_gold_response_are_skipped_and_counted(tmp_path):
 
 
 def test_the_records_reason_code_for_a_missing_gold_response_is_what_is_counted(tmp_path):
-    frame = records_frame().filter(pl.col("mode") == "single").head(4)
+    frame = answered_records().filter(pl.col("mode") == "single").head(4)
     reasons = [None, "rationale_missing", "rationale_quarantined", "rationale_missing"]
     coded = frame.with_columns(
         pl.Series("gold_missing", reasons, dtype=pl.String),
