@@ -107,15 +107,15 @@ def schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torch
     return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupLinearDecay(warmup, total))
 
 
-def autocast(device: torch.device, bf16: bool):
-    """bf16 autocast on CUDA; on CPU full precision (CPU bf16 matmuls are slow and lossy here)."""
+def autocast(device: torch.device, bf16: bool) -> AbstractContextManager[Any]:
+    """bf16 autocast on CUDA (float32 master weights); a CPU run stays in float32."""
     if device.type == "cuda" and bf16:
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return nullcontext()
 
 
-def grads_finite_norm(params: Sequence[torch.nn.Parameter], clip: float | None) -> float:
-    """Total gradient norm (before clipping), clipping to ``clip`` when it is finite."""
+def clip_gradients(params: Sequence[torch.nn.Parameter], clip: float | None) -> float:
+    """Total gradient norm before clipping; gradients above ``clip`` are scaled down to it (None: left)."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm=clip if clip else math.inf, foreach=True)
     return float(norm)
 
@@ -158,7 +158,7 @@ class Trainer(Generic[MicroBatch]):
             total, parts, tokens = accumulate(self.model, micro_batches, loss_fn, n_states, cast)
         lr = self.optimizer.param_groups[0]["lr"]
         with timer.phase("optimizer"):
-            grad_norm = grads_finite_norm(self.params, self.clip)
+            grad_norm = clip_gradients(self.params, self.clip)
             skipped = not (math.isfinite(total) and math.isfinite(grad_norm))
             if skipped:
                 self.optimizer.zero_grad(set_to_none=True)
