@@ -24,15 +24,18 @@ app = typer.Typer(
 console = Console()
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        help="TOML settings file; each command reads its own section: ingest, records, extract",
-        exists=True,
-        dir_okay=False,
-    ),
-]
+
+
+def config_option(*sections: str) -> object:
+    """``--config``, naming the TOML sections the command reads (escaped: Rich would read ``[ingest]``
+    as markup and print nothing in its place)."""
+    named = " ".join(f"\\[{section}]" for section in sections)
+    return typer.Option("--config", help=f"TOML file with {named} settings", exists=True, dir_okay=False)
+
+
+IngestConfig = Annotated[Path | None, config_option("ingest")]
+RecordsConfig = Annotated[Path | None, config_option("records")]
+RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract")]
 
 
 def stopped(err: Exception) -> typer.Exit:
@@ -68,7 +71,7 @@ def synth(
 def ingest(
     raw: Annotated[Path, typer.Argument(help="raw log bundle folder, or UserArena JSONL", exists=True)],
     lake: LakeOption = Path("sample/lake"),
-    config: ConfigOption = None,
+    config: IngestConfig = None,
     buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
     source_format: Annotated[
@@ -111,7 +114,7 @@ def chain(lake: LakeOption = Path("sample/lake")) -> None:
 @app.command()
 def records(
     lake: LakeOption = Path("sample/lake"),
-    config: ConfigOption = None,
+    config: RecordsConfig = None,
     mode: Annotated[str, typer.Option("--mode", help="single | cross | both")] = "both",
     window_single: Annotated[
         int | None, typer.Option("--window-single", help="past steps shown, single mode (10)")
@@ -226,7 +229,7 @@ def run(
     ),
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
-    config: ConfigOption = None,
+    config: RunConfig = None,
 ) -> None:
     """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow
     (ingest, chain, records, offline extraction, every stage validated)."""
