@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -22,9 +21,11 @@ from extractors.client import LLMClient, Stats
 from extractors.fakeserver import reply
 from extractors.prompts import RATIONALE_V1
 from extractors.schemas import AnswerError, Intent, RationaleAnswer
+from flows.cli import app
 from tests.extractors.conftest import fast_settings
-from tests.extractors.tinylake import SESSION, items_frame, records_frame, steps_frame
-from transforms.lake import read_table, write_table
+from tests.extractors.tinylake import write_sessions_lake
+from trainer.pretrained import served
+from transforms.lake import read_table
 
 CLEAN = "The blouse looks soft, so I want a closer look at its fabric."
 FENCED_WITH_PROSE = f"""Here is the JSON you asked for:
@@ -122,22 +123,12 @@ def test_schema_ignored_is_reasked_with_the_violation_then_recovered(server, tmp
 # --- the live run ------------------------------------------------------------------------------
 
 MAX_REASKS = 1
-SERVED_SESSION = SESSION["sB1"]  # user B's first session, single mode: 1 intent + 4 rationale jobs
+SERVED_SESSIONS = ["sB1"]  # user B's first session, single mode: 1 intent + 4 rationale jobs
 QUARANTINE_REASONS = {"invalid_answer", "leakage", "check_failed"}
-
-
-def write_one_session_lake(path: Path) -> Path:
-    in_session = pl.col("session_id") == SERVED_SESSION
-    write_table(path, "steps", steps_frame().filter(in_session))
-    write_table(path, "items", items_frame())
-    write_table(path, "records", records_frame().filter(in_session & (pl.col("mode") == "single")))
-    return path
 
 
 @pytest.fixture(scope="module")
 def served_smollm2(smollm2_folder, tmp_path_factory):
-    from trainer.pretrained import served
-
     log = tmp_path_factory.mktemp("serve") / "transformers-serve.log"
     with served(smollm2_folder, log=log) as base_url:
         yield base_url
@@ -146,23 +137,14 @@ def served_smollm2(smollm2_folder, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_extract_against_served_smollm2(prefect_harness, served_smollm2, smollm2_folder, tmp_path):
-    from flows.cli import app
-
-    lake = write_one_session_lake(tmp_path / "lake")
+    lake = write_sessions_lake(tmp_path / "lake", SERVED_SESSIONS)
     config = tmp_path / "extract.toml"
-    # greedy decoding, one request at a time (2 cores), a short token cap: a few seconds per answer
+    # greedy decoding (a re-run gives the same answers), one request at a time on 2 cores, and a
+    # token cap that fits a rationale but cuts an intent short (so the re-ask path is taken too)
     config.write_text(f"[extract]\ntemperature = 0.0\nmax_reasks = {MAX_REASKS}\nrequest_timeout_s = 600\n")
-    args = ["extract", "--lake", str(lake), "--backend", "openai", "--base-url", served_smollm2]
-    args += [
-        "--model",
-        str(smollm2_folder),
-        "--config",
-        str(config),
-        "--max-tokens",
-        "48",
-        "--concurrency",
-        "1",
-    ]
+    endpoint = ["--backend", "openai", "--base-url", served_smollm2, "--model", str(smollm2_folder)]
+    limits = ["--config", str(config), "--max-tokens", "32", "--concurrency", "1"]
+    args = ["extract", "--lake", str(lake), *endpoint, *limits]
     result = CliRunner().invoke(app, args, env={"TRAJFORGE_EXTRACT_PROGRESS": "false"})
     assert result.exit_code == 0, result.output
     summary = json.loads((lake / "_runs" / "extract" / "latest.json").read_text())
