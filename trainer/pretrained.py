@@ -95,14 +95,15 @@ def convert_smollm2(out: Path = DEFAULT_DIR) -> Path:
     try:
         _write_folder(source, staging)
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of the cache
-        if out.exists():  # an incomplete earlier attempt
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
+        if not is_complete(out):  # else another process finished the same conversion meanwhile
+            if out.exists():  # an incomplete earlier attempt
+                shutil.rmtree(out)
+            os.replace(staging, out)
+    except Exception:
+        if not is_complete(out):  # a concurrent conversion that lost the race to rename is fine
+            raise
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if is_complete(out):  # another process finished the same conversion first
-            return out
-        raise
     return out
 
 
@@ -121,7 +122,7 @@ def _write_folder(source: Path, folder: Path) -> None:
     config.dtype = torch.float32
     model = LlamaForCausalLM(config)
     model.load_state_dict(quantized.state_dict(), strict=True)
-    # a GGUF model may carry no generation config of its own: greedy by default, stop at the end token
+    # generation stops at the chat template's end-of-turn token, and pads with it
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if not tokenizer.chat_template:

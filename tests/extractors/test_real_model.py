@@ -120,6 +120,40 @@ def test_schema_ignored_is_reasked_with_the_violation_then_recovered(server, tmp
     assert "schema_mismatch: 'rationale: Field required'" in reask[-1]["content"]
 
 
+# --- the converted model ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_converted_folder_is_the_gguf_model(smollm2_folder):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.pretrained import MARKER, convert_smollm2, gguf_path
+
+    torch.set_num_threads(2)
+    # a second conversion finds the folder complete and leaves it untouched
+    stamp = (smollm2_folder / MARKER).stat().st_mtime_ns
+    assert convert_smollm2(smollm2_folder) == smollm2_folder
+    assert (smollm2_folder / MARKER).stat().st_mtime_ns == stamp
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_folder)
+    source = gguf_path()
+    reference = AutoModelForCausalLM.from_pretrained(
+        source.parent, gguf_file=source.name, dtype=torch.float32
+    )
+    assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
+    # 134.5M parameters (MODELS.md); the input and output embeddings are one tied matrix
+    assert round(sum(p.numel() for p in model.parameters()) / 1e6, 1) == 134.5
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello"}], add_generation_prompt=True, tokenize=False
+    )
+    assert chat.endswith("<|im_start|>assistant\n") and tokenizer.eos_token == "<|im_end|>"
+    ids = tokenizer(chat, return_tensors="pt")
+    with torch.no_grad():
+        # the same de-quantised float32 weights: logits equal to the bit
+        assert torch.equal(model(**ids).logits, reference(**ids).logits)
+
+
 # --- the live run ------------------------------------------------------------------------------
 
 MAX_REASKS = 1
