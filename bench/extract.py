@@ -258,9 +258,9 @@ Machine: {machine()}; load average (1 min) before / after: {load[0]:.1f} / {load
 (the machine is shared: other processes compete for its 2 cores).
 Server: `transformers serve FOLDER --device cpu`, FOLDER the float32 conversion of `trainer.pretrained`.
 It ignores `response_format`: the answers are the model's own text. Lake: the tests' hand-built lake
-cut to sessions {", ".join(run.sessions)} (single mode); jobs: {counts}. Settings: temperature
-{s.temperature:g}, seed {s.seed}, max_tokens {s.max_tokens}, max_reasks {s.max_reasks}, concurrency
-{s.concurrency}, a fresh response cache (0 hits).
+cut to sessions {", ".join(run.sessions)} (single mode); jobs: {counts}.
+Settings: temperature {s.temperature:g}, seed {s.seed}, max_tokens {s.max_tokens}, \
+max_reasks {s.max_reasks}, concurrency {s.concurrency}; a fresh response cache (0 hits).
 
 | jobs | count | share |
 |---|---|---|
