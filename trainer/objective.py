@@ -73,6 +73,11 @@ def _check_beta(beta: float) -> None:
         raise ValueError(f"beta must lie strictly between 0 and 1, got {beta}")
 
 
+def _rowdot(left: Tensor, right: Tensor) -> Tensor:
+    """Row-wise dot product of [..., V] tensors, through matmul: no [..., V] product is allocated."""
+    return (left.unsqueeze(-2) @ right.unsqueeze(-1)).reshape(left.shape[:-1])
+
+
 def _compute_dtype(*tensors: Tensor) -> torch.dtype:
     dtype = torch.float32
     for tensor in tensors:
@@ -96,7 +101,7 @@ def _tilted_kl(base: Tensor, shift: Tensor, lam: Tensor, base_lse: Tensor) -> Te
     peak = tilted.amax(-1, keepdim=True)
     weights = tilted.sub_(peak).exp_()
     total = weights.sum(-1)
-    mean_shift = torch.linalg.vecdot(weights, shift) / total
+    mean_shift = _rowdot(weights, shift) / total
     return lam * mean_shift - (peak.squeeze(-1) + total.log() - base_lse)
 
 
@@ -105,7 +110,7 @@ def _tilted_log_probs(base: Tensor, shift: Tensor, lam: Tensor, base_lse: Tensor
     log_q = torch.addcmul(base, lam.unsqueeze(-1), shift)
     lse = torch.logsumexp(log_q, -1)
     log_q.sub_(lse.unsqueeze(-1))
-    mean_shift = torch.linalg.vecdot(log_q.exp(), shift)
+    mean_shift = _rowdot(log_q.exp(), shift)
     return log_q, lam * mean_shift - (lse - base_lse)
 
 
@@ -147,19 +152,28 @@ def trust_region_target(
     lead, vocab = base_logits.shape[:-1], base_logits.shape[-1]
     with torch.no_grad():
         base = base_logits.detach().to(dtype).reshape(-1, vocab)
-        intent = intent_logits.detach().to(dtype).reshape(-1, vocab)
-        base_lse = torch.logsumexp(base, -1)
-        # log q^I - log q^0, the direction of the geometric mixture
-        shift = (intent - base).sub_((torch.logsumexp(intent, -1) - base_lse).unsqueeze(-1))
-        lam = torch.full_like(base_lse, lambda_max)
-        target, kl = _tilted_log_probs(base, shift, lam, base_lse)
-        infeasible = (kl > epsilon).nonzero().squeeze(-1)
-        if infeasible.numel():
-            sub_base, sub_shift, sub_lse = base[infeasible], shift[infeasible], base_lse[infeasible]
-            sub_lam = _bisect(sub_base, sub_shift, sub_lse, epsilon, lambda_max, steps)
-            sub_target, sub_kl = _tilted_log_probs(sub_base, sub_shift, sub_lam, sub_lse)
-            target[infeasible], lam[infeasible], kl[infeasible] = sub_target, sub_lam, sub_kl
+        scratch = intent_logits.detach().to(dtype, copy=True).reshape(-1, vocab)
+        target, lam, kl = _trust_region(base, scratch, epsilon, lambda_max, steps)
     return target.reshape(*lead, vocab), lam.reshape(lead), kl.reshape(lead)
+
+
+def _trust_region(
+    base: Tensor, intent: Tensor, epsilon: float, lambda_max: float, steps: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``trust_region_target`` on [N, V] logits in the compute dtype; ``intent`` is overwritten."""
+    base_lse = torch.logsumexp(base, -1)
+    intent_lse = torch.logsumexp(intent, -1)
+    # log q^I - log q^0, the direction of the geometric mixture
+    shift = intent.sub_(base).sub_((intent_lse - base_lse).unsqueeze(-1))
+    lam = torch.full_like(base_lse, lambda_max)
+    target, kl = _tilted_log_probs(base, shift, lam, base_lse)
+    infeasible = (kl > epsilon).nonzero().squeeze(-1)
+    if infeasible.numel():
+        sub_base, sub_shift, sub_lse = base[infeasible], shift[infeasible], base_lse[infeasible]
+        sub_lam = _bisect(sub_base, sub_shift, sub_lse, epsilon, lambda_max, steps)
+        sub_target, sub_kl = _tilted_log_probs(sub_base, sub_shift, sub_lam, sub_lse)
+        target[infeasible], lam[infeasible], kl[infeasible] = sub_target, sub_lam, sub_kl
+    return target, lam, kl
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,16 +181,12 @@ def trust_region_target(
 # ---------------------------------------------------------------------------------------------
 
 
-def _jsd_terms(
-    target_logprobs: Tensor, student_logprobs: Tensor, beta: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-row JSD_beta, with p and log p - log m that its gradient needs."""
+def _jsd_terms(target_logprobs: Tensor, student_logprobs: Tensor, beta: float) -> Tensor:
+    """Per-row JSD_beta, written for autograd (no in-place step)."""
     log_mix = torch.logaddexp(target_logprobs + math.log(beta), student_logprobs + math.log1p(-beta))
-    student_probs = student_logprobs.exp()
-    student_vs_mix = student_logprobs - log_mix
-    kl_target = torch.linalg.vecdot(target_logprobs.exp(), target_logprobs - log_mix)
-    kl_student = torch.linalg.vecdot(student_probs, student_vs_mix)
-    return beta * kl_target + (1.0 - beta) * kl_student, student_probs, student_vs_mix
+    kl_target = _rowdot(target_logprobs.exp(), target_logprobs - log_mix)
+    kl_student = _rowdot(student_logprobs.exp(), student_logprobs - log_mix)
+    return beta * kl_target + (1.0 - beta) * kl_student
 
 
 def generalized_jsd(target_logprobs: Tensor, student_logits: Tensor, beta: float = 0.5) -> Tensor:
@@ -188,22 +198,29 @@ def generalized_jsd(target_logprobs: Tensor, student_logits: Tensor, beta: float
     _check_beta(beta)
     dtype = _compute_dtype(target_logprobs, student_logits)
     student_logprobs = torch.log_softmax(student_logits.to(dtype), -1)
-    loss, _, _ = _jsd_terms(target_logprobs.detach().to(dtype), student_logprobs, beta)
-    return loss
+    return _jsd_terms(target_logprobs.detach().to(dtype), student_logprobs, beta)
 
 
 def _jsd_and_logit_grad(
-    target_logprobs: Tensor, student_logits: Tensor, beta: float
+    target_logprobs: Tensor, student_logprobs: Tensor, beta: float
 ) -> tuple[Tensor, Tensor]:
-    """JSD per row and its gradient w.r.t. the student logits.
+    """JSD per row and its gradient w.r.t. the student logits; ``student_logprobs`` is overwritten.
 
+    The same value as ``_jsd_terms``, computed in place to hold fewer [rows, V] buffers at once.
     dJ/dp_v = (1-beta) (log p_v - log m_v); through the softmax
     dJ/ds_v = (1-beta) p_v (r_v - sum_u p_u r_u) with r = log p - log m, and sum_u p_u r_u = KL(p||m).
     """
-    loss, probs, student_vs_mix = _jsd_terms(target_logprobs, torch.log_softmax(student_logits, -1), beta)
-    kl_student = torch.linalg.vecdot(probs, student_vs_mix)
+    log_mix = target_logprobs + math.log(beta)
+    torch.logaddexp(log_mix, student_logprobs + math.log1p(-beta), out=log_mix)
+    target_probs = target_logprobs.exp()
+    kl_target = _rowdot(target_probs, target_logprobs) - _rowdot(target_probs, log_mix)
+    del target_probs
+    probs = student_logprobs.exp()
+    student_vs_mix = student_logprobs.sub_(log_mix)
+    del log_mix
+    kl_student = _rowdot(probs, student_vs_mix)
     grad = student_vs_mix.sub_(kl_student.unsqueeze(-1)).mul_(probs).mul_(1.0 - beta)
-    return loss, grad
+    return beta * kl_target + (1.0 - beta) * kl_student, grad
 
 
 def _nll_and_logit_grad(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -415,15 +432,18 @@ def _distillation_chunks(
     for start in range(0, hidden.shape[0], plan.chunk_size):
         rows = slice(start, start + plan.chunk_size)
         student = hidden[rows].to(head.weight.dtype)
-        target, lam, kl = trust_region_target(
+        target, lam, kl = _trust_region(
             teacher.project(plan.base_hidden[rows].to(teacher.weight.dtype)),
             teacher.project(plan.intent_hidden[rows].to(teacher.weight.dtype)),
             settings.epsilon,
             settings.lambda_max,
             settings.steps,
         )
-        jsd, grad_logits = _jsd_and_logit_grad(target, head.project(student), settings.beta)
-        del target
+        logits = head.project(student)
+        student_logprobs = torch.log_softmax(logits, -1)
+        del logits
+        jsd, grad_logits = _jsd_and_logit_grad(target, student_logprobs, settings.beta)
+        del target, student_logprobs
         weights = plan.response_weights[rows]
         sums += torch.stack([jsd, lam, (lam < settings.lambda_max).to(lam.dtype), kl]) @ weights
         grads.add(grad_logits.mul_(weights.unsqueeze(-1)), student, head, rows)
@@ -443,6 +463,37 @@ def _grounding_chunks(hidden: Tensor, plan: _ChunkPlan, head: _Head, grads: _Hea
     return total
 
 
+def _loss_and_grads(
+    student_hidden: Tensor,
+    grounding_hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    plan: _ChunkPlan,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor, Tensor, tuple]:
+    """One pass over the chunks: (total, [distillation, grounding, lambda, binding, KL], gradients)."""
+    dtype = _compute_dtype(student_hidden, weight)
+    head = _cut_head(weight, bias, plan.vocab_size, dtype)
+    teacher = head
+    if plan.teacher_weight is not weight or plan.teacher_bias is not bias:
+        teacher = _cut_head(plan.teacher_weight, plan.teacher_bias, plan.vocab_size, dtype)
+    student_grad, weight_grad, bias_grad = _grad_buffers(
+        student_hidden, weight, bias, (needs[0], *needs[2:4]), dtype
+    )
+    grounding_grad = torch.empty_like(grounding_hidden) if needs[1] else None
+    vocab_rows = slice(0, plan.vocab_size)
+    cut = lambda full: None if full is None else full[vocab_rows]  # noqa: E731 - padded rows get no gradient
+    distillation = _distillation_chunks(
+        student_hidden, plan, head, teacher, _HeadGrads(student_grad, cut(weight_grad), cut(bias_grad))
+    )
+    grounding = _grounding_chunks(
+        grounding_hidden, plan, head, _HeadGrads(grounding_grad, cut(weight_grad), cut(bias_grad))
+    )
+    total = distillation[0] + plan.settings.gamma * grounding
+    parts = torch.cat([distillation[:1], grounding.reshape(1), distillation[1:]])
+    return total, parts, (student_grad, grounding_grad, weight_grad, bias_grad)
+
+
 class _ChunkedOPTD(torch.autograd.Function):
     """Loss from hidden states; its gradients are computed in forward, chunk by chunk, and kept.
 
@@ -452,38 +503,32 @@ class _ChunkedOPTD(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, student_hidden, grounding_hidden, weight, bias, plan: _ChunkPlan):
-        dtype = _compute_dtype(student_hidden, weight)
-        head = _cut_head(weight, bias, plan.vocab_size, dtype)
-        teacher = head
-        if plan.teacher_weight is not weight or plan.teacher_bias is not bias:
-            teacher = _cut_head(plan.teacher_weight, plan.teacher_bias, plan.vocab_size, dtype)
-        needs = ctx.needs_input_grad
-        student_grad, weight_grad, bias_grad = _grad_buffers(
-            student_hidden, weight, bias, (needs[0], *needs[2:4]), dtype
+        total, parts, ctx.grads = _loss_and_grads(
+            student_hidden, grounding_hidden, weight, bias, plan, ctx.needs_input_grad
         )
-        grounding_grad = torch.empty_like(grounding_hidden) if needs[1] else None
-        vocab_rows = slice(0, plan.vocab_size)
-        cut = lambda full: None if full is None else full[vocab_rows]  # noqa: E731 - padded rows get no gradient
-        distillation = _distillation_chunks(
-            student_hidden, plan, head, teacher, _HeadGrads(student_grad, cut(weight_grad), cut(bias_grad))
-        )
-        grounding = _grounding_chunks(
-            grounding_hidden, plan, head, _HeadGrads(grounding_grad, cut(weight_grad), cut(bias_grad))
-        )
-        ctx.grads = (student_grad, grounding_grad, weight_grad, bias_grad)
-        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        total = distillation[0] + plan.settings.gamma * grounding
-        parts = torch.cat([distillation[:1], grounding.reshape(1), distillation[1:]])
+        ctx.save_for_backward(student_hidden, grounding_hidden, weight, bias)
+        ctx.plan, ctx.needs = plan, ctx.needs_input_grad
         ctx.mark_non_differentiable(parts)
         return total, parts
 
     @staticmethod
     def backward(ctx, grad_total, _grad_parts):
-        grads = [None if grad is None else grad * grad_total for grad in ctx.grads]
+        # the first backward hands the buffers over (autograd takes them as .grad without a copy);
+        # a second one through a retained graph computes them again
+        held, ctx.grads = ctx.grads, None
+        if held is None:
+            held = _loss_and_grads(*ctx.saved_tensors, ctx.plan, ctx.needs)[2]
+        unit = bool(grad_total == 1)
+        grads = [None if grad is None else grad if unit else grad * grad_total for grad in held]
+        del held
+        dtypes = (
+            ctx.saved_tensors[2].dtype,
+            None if ctx.saved_tensors[3] is None else ctx.saved_tensors[3].dtype,
+        )
         # the head's gradients were accumulated in the compute dtype
         return (
             *grads[:2],
-            *(None if g is None else g.to(d) for g, d in zip(grads[2:], ctx.dtypes, strict=True)),
+            *(None if g is None else g.to(d) for g, d in zip(grads[2:], dtypes, strict=True)),
             None,
         )
 
@@ -531,7 +576,7 @@ def optd_loss_from_hidden(
     settings: ObjectiveSettings | None = None,
     grounding_weights: Tensor | None = None,
     num_states: int | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
 ) -> OPTDLoss:
     """The OPTD loss from final hidden states of response positions only, O(chunk_size x V) extra memory.
 
@@ -555,8 +600,13 @@ def optd_loss_from_hidden(
     response_rows = _valid_rows(state_index, "state_index")
     grounding_rows = _valid_rows(grounding_state_index, "grounding_state_index")
     response_states, grounding_states = state_index[response_rows], grounding_state_index[grounding_rows]
-    num_states = num_states or int(torch.cat([response_states, grounding_states]).max()) + 1
-    if response_states.numel() and not torch.equal(response_states.unique(), grounding_states.unique()):
+    present = torch.cat([response_states, grounding_states])
+    if present.numel() == 0:
+        raise ValueError("no valid position: every state index is PADDING_STATE")
+    num_states = num_states or int(present.max()) + 1
+    # either term may be absent altogether (SFT: no responses; distillation alone: no gold)
+    both = response_states.numel() and grounding_states.numel()
+    if both and not torch.equal(response_states.unique(), grounding_states.unique()):
         raise ValueError("every state needs both response tokens and gold (grounding) tokens")
     labels = grounding_labels[grounding_rows]
     _check_labels(labels, vocab_size)
@@ -589,7 +639,7 @@ def grounding_nll_from_hidden(
     vocab_size: int | None = None,
     state_weights: Tensor | None = None,
     num_states: int | None = None,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
 ) -> Tensor:
     """Teacher-forced NLL, per-state token means then state-weighted, chunk by chunk (the SFT loss).
 
