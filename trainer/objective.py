@@ -143,7 +143,7 @@ def trust_region_target(
     feasible). Returns (target log-probs ``[..., V]``, lambda* ``[...]``, KL(q^lambda* || q^0)
     ``[...]``), detached, in float32 at least.
     """
-    ObjectiveSettings(epsilon=epsilon, lambda_max=lambda_max, steps=steps)
+    ObjectiveSettings(epsilon=epsilon, lambda_max=lambda_max, steps=steps)  # the same checks as the settings
     if base_logits.shape != intent_logits.shape:
         raise ValueError(
             f"teacher logits differ in shape: {tuple(base_logits.shape)} vs {tuple(intent_logits.shape)}"
@@ -288,6 +288,26 @@ def state_token_weights(state_index: Tensor, num_states: int, state_weights: Ten
     return per_token[state_index]
 
 
+def _check_vocabularies(
+    student: Tensor, base: Tensor, intent: Tensor, grounding: Tensor, vocab_size: int | None
+) -> int:
+    if not student.shape == base.shape == intent.shape:
+        raise ValueError(
+            f"student {tuple(student.shape)} and teacher logits {tuple(base.shape)}, {tuple(intent.shape)} "
+            "differ: they must cover the same response tokens over one shared vocabulary"
+        )
+    if grounding.shape[-1] != student.shape[-1]:
+        raise ValueError(
+            f"grounding logits have {grounding.shape[-1]} columns, the student {student.shape[-1]}"
+        )
+    vocab_size = vocab_size or student.shape[-1]
+    if not 0 < vocab_size <= student.shape[-1]:
+        raise ValueError(
+            f"vocab_size={vocab_size} must lie in [1, {student.shape[-1]}] (the logits' columns)"
+        )
+    return vocab_size
+
+
 def _states_with_tokens(mask: Tensor, what: str) -> Tensor:
     if mask.dim() != 2:
         raise ValueError(f"{what} must be [states, positions], got shape {tuple(mask.shape)}")
@@ -314,6 +334,7 @@ def optd_loss(
     settings: ObjectiveSettings | None = None,
     grounding_weights: Tensor | None = None,
     num_states: int | None = None,
+    vocab_size: int | None = None,
 ) -> OPTDLoss:
     """``L = mean_states mean_tokens JSD(q^lambda*, p) + gamma * mean_states mean_tokens NLL(gold)``.
 
@@ -323,9 +344,15 @@ def optd_loss(
     - ``grounding_logits`` [S, G, V] at the positions that predict ``grounding_labels`` [S, G], the
       gold response; ``grounding_mask`` [S, G];
     - ``grounding_weights`` [S]: optional per-state weights of the grounding term
-      (``class_balance_weights``); ``num_states``: states in the whole update (default S).
+      (``class_balance_weights``); ``num_states``: states in the whole update (default S);
+    - ``vocab_size``: the tokenizer's vocabulary when the model's is padded beyond it; the padded
+      columns are dropped from every distribution (as -inf logits would be).
     """
     settings = settings or ObjectiveSettings()
+    vocab_size = _check_vocabularies(student_logits, base_logits, intent_logits, grounding_logits, vocab_size)
+    student_logits, base_logits, intent_logits, grounding_logits = (
+        logits[..., :vocab_size] for logits in (student_logits, base_logits, intent_logits, grounding_logits)
+    )
     num_states = num_states or student_logits.shape[0]
     response_mask, grounding_mask = response_mask.bool(), grounding_mask.bool()
     response_states = _states_with_tokens(response_mask, "response_mask")
@@ -341,6 +368,7 @@ def optd_loss(
     jsd = generalized_jsd(target, student_logits[response_mask], settings.beta)
     token_weights = state_token_weights(response_states, num_states).to(dtype)
     labels = grounding_labels[grounding_mask]
+    _check_labels(labels, vocab_size)
     grounding_log_probs = torch.log_softmax(grounding_logits[grounding_mask].to(dtype), -1)
     nll = -grounding_log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     grounding_token_weights = state_token_weights(grounding_states, num_states, grounding_weights).to(dtype)

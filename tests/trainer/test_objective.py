@@ -406,6 +406,35 @@ def test_optd_loss_gradcheck():
     )
 
 
+def test_optd_loss_drops_padded_vocabulary_columns():
+    # 4 columns past the tokenizer's 20 hold NaN: the loss equals the reference on the first 20
+    # columns and those columns get no gradient (float64: no lambda* on a rounding tie)
+    batch = padded_batch(seed=40, dtype=F64)
+    padded = dict(batch)
+    for key in ("student_logits", "base_logits", "intent_logits", "grounding_logits"):
+        nan = torch.full((*batch[key].shape[:-1], 4), float("nan"), dtype=F64)
+        padded[key] = torch.cat([batch[key], nan], -1)
+    padded["student_logits"].requires_grad_()
+    loss = optd_loss(**padded, vocab_size=20)
+    assert_parts_match(loss, reference_of(batch), atol=1e-10)
+    grad = torch.autograd.grad(loss.total, padded["student_logits"])[0]
+    assert bool((grad[..., 20:] == 0).all()) and bool(torch.isfinite(grad).all())
+
+
+def test_optd_loss_rejects_teachers_over_another_vocabulary():
+    batch = padded_batch(seed=41)
+    batch["base_logits"] = batch["base_logits"][..., :-1]
+    with pytest.raises(ValueError, match="one shared vocabulary"):
+        optd_loss(**batch)
+
+
+def test_optd_loss_rejects_labels_outside_the_vocabulary():
+    batch = padded_batch(seed=42)
+    batch["grounding_labels"][0, 0] = 20
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        optd_loss(**batch)
+
+
 def split_states(batch, groups):
     return [{k: v[list(g)] for k, v in batch.items()} for g in groups]
 
@@ -653,6 +682,26 @@ def test_chunked_path_shares_one_head_between_student_and_teacher():
         torch.autograd.grad(chunked.total, leaves), torch.autograd.grad(unchunked.total, leaves), strict=True
     ):
         torch.testing.assert_close(grad, want, atol=1e-10, rtol=0)
+
+
+def test_chunked_path_backward_twice_through_a_retained_graph():
+    # the second backward recomputes the gradients the first one handed over: the same values
+    b = hidden_batch(seed=43)
+    leaves = student_leaves(b)
+    loss = hidden_path(b, chunk_size=4).total
+    first = torch.autograd.grad(loss, leaves, retain_graph=True)
+    second = torch.autograd.grad(loss, leaves)
+    for one, two in zip(first, second, strict=True):
+        torch.testing.assert_close(one, two, atol=0, rtol=0)
+
+
+def test_chunked_path_scales_its_gradients_by_the_upstream_gradient():
+    b = hidden_batch(seed=44)
+    leaves = student_leaves(b)
+    plain = torch.autograd.grad(hidden_path(b, chunk_size=4).total, leaves)
+    scaled = torch.autograd.grad(2.5 * hidden_path(b, chunk_size=4).total, leaves)
+    for one, many in zip(plain, scaled, strict=True):
+        torch.testing.assert_close(many, 2.5 * one, atol=1e-15, rtol=1e-14)
 
 
 def test_chunked_path_gradcheck():
