@@ -171,13 +171,19 @@ def test_epsilon_zero_keeps_the_plain_teacher():
     assert float(kl.abs().max()) < 1e-6
 
 
-def test_feasible_endpoint_gives_the_privileged_teacher_without_bisection(monkeypatch):
-    # at lambda = 1 the mixture is q^I itself; teachers this close stay within KL 0.02 everywhere
-    bisected_rows = []
+@pytest.fixture
+def bisected_rows(monkeypatch) -> list[int]:
+    """The number of rows of every bisection ``trust_region_target`` runs."""
+    rows: list[int] = []
     real_bisect = objective._bisect
     monkeypatch.setattr(
-        objective, "_bisect", lambda base, *a: bisected_rows.append(base.shape[0]) or real_bisect(base, *a)
+        objective, "_bisect", lambda base, *a: rows.append(base.shape[0]) or real_bisect(base, *a)
     )
+    return rows
+
+
+def test_feasible_endpoint_gives_the_privileged_teacher_without_bisection(bisected_rows):
+    # at lambda = 1 the mixture is q^I itself; teachers this close stay within KL 0.02 everywhere
     base, intent = teachers(16, 30, 0.02, seed=7)
     target, lam, kl = trust_region_target(base, intent)
     assert torch.equal(lam, torch.ones(16))
@@ -188,12 +194,7 @@ def test_feasible_endpoint_gives_the_privileged_teacher_without_bisection(monkey
     assert bisected_rows == []
 
 
-def test_only_infeasible_tokens_are_bisected(monkeypatch):
-    bisected_rows = []
-    real_bisect = objective._bisect
-    monkeypatch.setattr(
-        objective, "_bisect", lambda base, *a: bisected_rows.append(base.shape[0]) or real_bisect(base, *a)
-    )
+def test_only_infeasible_tokens_are_bisected(bisected_rows):
     near, near_intent = teachers(5, 30, 0.02, seed=8)
     far, far_intent = teachers(3, 30, 4.0, seed=9)
     _, lam, _ = trust_region_target(torch.cat([near, far]), torch.cat([near_intent, far_intent]))
