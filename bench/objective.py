@@ -306,11 +306,17 @@ def report(results: dict, methods: list[str], sizes: dict) -> str:
 def record(table: str, command: str, sizes: dict, note: str) -> None:
     results = ROOT / "bench" / "RESULTS.md"
     today = datetime.now(UTC).strftime("%Y-%m-%d")
+    header = [
+        f"Command: `{command}`",
+        f"Machine: {machine()}, torch threads 2",
+        f"Hidden {sizes['hidden']}, float32, chunk {sizes['chunk']} positions, {sizes['states']} states; "
+        "time = median of the timed calls, forward + backward",
+        *([note] if note else []),
+    ]
     section = (
         f"\n\n## objective — OPTD loss from hidden states ({today})\n\n"
-        f"Command: `{command}`  \nMachine: {machine()}, torch threads 2  \n"
-        f"Hidden {sizes['hidden']}, float32, chunk {sizes['chunk']} positions, {sizes['states']} states; "
-        f"time = median of the timed calls, forward + backward  \n{note}\n\n{table}\n"
+        + "  \n".join(header)
+        + f"\n\n{table}\n"
     )
     results.write_text(results.read_text().rstrip("\n") + section)
 
