@@ -1,0 +1,259 @@
+"""The rollout engine: many sessions at once through one simulator, one trace line per finished episode.
+
+A pool of live episodes (``batch_size``) is stepped together: each round asks the simulator for every
+live prompt in one call, and a finished episode is written to the trace file at once and its place
+taken by the next session. A killed evaluation resumes from its trace file: the sessions already
+written there are skipped, and a half-written last line is cut away first. A small run manifest
+beside the traces records the simulator, its seed and sampling parameters and the environment's
+settings; resuming under other parameters is refused, so one file never mixes two runs.
+
+Replay runs the simulator over each session's recorded states (``evaluation.replay``) and writes one
+row per recorded step, the unscored ones with their reason; it resumes the same way, by session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from evaluation.environment import EnvironmentSettings
+from evaluation.replay import ReplayCursor, ScoredStep
+from evaluation.rollout import Rollout
+from evaluation.session import Session
+from evaluation.simulators import NoAnswer, Simulator, step_all
+from evaluation.traces import ReplayStep, Trace, TraceProfile, TraceStep
+from transforms.prompts import Accepted
+
+DEFAULT_BATCH = 64
+
+
+class ManifestMismatch(ValueError):
+    """A trace file was begun by a run with other parameters: resuming would mix two runs."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one call wrote: sessions written now, sessions found finished and skipped, outputs asked."""
+
+    path: str
+    written: int
+    resumed: int
+    outputs: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "written": self.written, "resumed": self.resumed, "outputs": self.outputs}
+
+
+def simulator_parameters(simulator: Simulator) -> dict[str, Any]:
+    """The seed and sampling parameters a simulator declares (``parameters``), {} when it has none."""
+    return dict(getattr(simulator, "parameters", None) or {})
+
+
+# --- resuming -----------------------------------------------------------------------------------
+
+
+def finished_sessions(path: Path) -> set[str]:
+    """Session ids already written to ``path``; a last line cut short by a kill is removed from the file."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        path.write_bytes(complete)
+    return {json.loads(line)["session_id"] for line in complete.splitlines() if line.strip()}
+
+
+def manifest_path(traces: Path) -> Path:
+    return traces.with_name(traces.stem + ".manifest.json")
+
+
+def claim_manifest(traces: Path, run: dict[str, Any], sessions: int) -> dict[str, Any]:
+    """Write (or, resuming, check and update) the manifest of ``traces``; returns what was written."""
+    path = manifest_path(traces)
+    previous = json.loads(path.read_text()) if path.exists() and traces.exists() else None
+    if previous is not None and previous["run"] != run:
+        raise ManifestMismatch(
+            f"{traces} was begun with {previous['run']}, not {run}: use another output folder"
+        )
+    now = datetime.now(UTC).isoformat()
+    manifest = {
+        "run": run,
+        "sessions": sessions,
+        "started_at": previous["started_at"] if previous else now,
+        "resumed_at": [*previous.get("resumed_at", []), now] if previous else [],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def run_description(
+    kind: str, source: str, simulator: Simulator, settings: EnvironmentSettings
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "source": source,
+        "simulator": simulator_parameters(simulator),
+        "environment": settings.model_dump(mode="json"),
+    }
+
+
+# --- rollout ------------------------------------------------------------------------------------
+
+
+def trace_of(rollout: Rollout, source: str) -> Trace:
+    """A finished episode as its trace line: every output with its verdict."""
+    session = rollout.session
+    return Trace(
+        session_id=session.session_id,
+        user_id=session.user_id or session.session_id,
+        source=source,
+        terminated=rollout.terminated,
+        truncated=rollout.truncated,
+        termination_reason=rollout.termination_reason,
+        profile=TraceProfile(
+            prior_clicks=session.prior_clicks,
+            prior_buys=session.prior_buys,
+            recent_click_categories=[c for c in session.recent_click_categories if c is not None],
+        ),
+        steps=[TraceStep.model_validate(a, from_attributes=True) for a in rollout.attempts],
+    )
+
+
+def roll_out(
+    sessions: Iterable[Session],
+    simulator: Simulator,
+    path: str | Path,
+    *,
+    source: str,
+    settings: EnvironmentSettings | None = None,
+    batch_size: int = DEFAULT_BATCH,
+) -> RunSummary:
+    """Roll every session out with ``simulator`` into the trace file ``path`` (appending, resumable)."""
+    s, path = settings or EnvironmentSettings(), Path(path)
+    sessions = list(sessions)
+    claim_manifest(path, run_description("rollout", source, simulator, s), len(sessions))
+    done = finished_sessions(path)
+    waiting = deque(x for x in sessions if x.session_id not in done)
+    resumed, written, outputs = len(sessions) - len(waiting), 0, 0
+    live: list[Rollout] = []
+    with path.open("a", encoding="utf-8") as out:
+        while waiting or live:
+            while waiting and len(live) < batch_size:
+                live.append(Rollout(waiting.popleft(), s))
+            outputs += step_all(live, simulator)
+            for rollout in (r for r in live if r.done):
+                out.write(trace_of(rollout, source).model_dump_json() + "\n")
+                out.flush()  # written as soon as it ends: a kill loses only the episodes in flight
+                written += 1
+            live = [r for r in live if not r.done]
+    return RunSummary(str(path), written, resumed, outputs)
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+REPLAY_ERROR = "error"  # the simulator gave no answer at this step (its request failed for good)
+
+
+def gold_columns(session_id: str, scored: ScoredStep) -> dict[str, Any]:
+    gold, recorded = scored.gold, scored.recorded
+    return {
+        "session_id": session_id,
+        "step_index": recorded.step,
+        "screen": recorded.screen,
+        "gt_action": gold.type,
+        "gt_target_item_id": gold.target_item_id,
+        "gt_target_title": gold.target_title,
+        "gt_review_alias": gold.review_alias,
+    }
+
+
+def replay_row(session_id: str, scored: ScoredStep, output: str | NoAnswer) -> ReplayStep:
+    """One scored recorded step beside the simulator's prediction there."""
+    gold = gold_columns(session_id, scored)
+    if isinstance(output, NoAnswer):
+        return ReplayStep(**gold, accepted=False, reject_reason=REPLAY_ERROR, raw_output=output.error)
+    verdict = scored.judge(output)
+    if not isinstance(verdict, Accepted):
+        return ReplayStep(
+            **gold, pred_action=verdict.type, accepted=False, reject_reason=verdict.reason, raw_output=output
+        )
+    return ReplayStep(
+        **gold,
+        pred_action=verdict.type,
+        pred_target_item_id=verdict.target_item_id,
+        pred_target_title=verdict.target_title,
+        pred_review_alias=verdict.review_alias,
+        accepted=True,
+        raw_output=output,
+    )
+
+
+def unscored_rows(cursor: ReplayCursor) -> list[ReplayStep]:
+    """The recorded steps whose state could not be rebuilt: counted with their reason, not scored."""
+    recorded = {step.step: step for step in cursor.session.steps}
+    return [
+        ReplayStep(
+            session_id=cursor.session.session_id,
+            step_index=index,
+            screen=recorded[index].screen,
+            gt_action=recorded[index].action,
+            accepted=False,
+            unscored_reason=reason,
+        )
+        for index, reason in cursor.skipped_steps
+    ]
+
+
+def predictions(steps: Sequence[ScoredStep], simulator: Simulator) -> list[str | NoAnswer]:
+    """One output per scored step, asked in one call; a failing call is a NoAnswer for each."""
+    try:
+        outputs = list(simulator.act([step.messages() for step in steps]))
+        if len(outputs) != len(steps):
+            raise ValueError(f"{len(outputs)} responses for {len(steps)} prompts")
+    except Exception as error:  # recorded in the rows, never raised past them
+        return [NoAnswer(f"{type(error).__name__}: {error}")] * len(steps)
+    return outputs
+
+
+def replay(
+    sessions: Iterable[Session],
+    simulator: Simulator,
+    path: str | Path,
+    *,
+    source: str,
+    settings: EnvironmentSettings | None = None,
+    batch_size: int = DEFAULT_BATCH,
+) -> RunSummary:
+    """Predict every recorded step of every session into the replay file ``path`` (appending, resumable).
+
+    Sessions are taken a batch at a time and their scored steps asked together; a session's rows are
+    written in one piece once all of them are predicted.
+    """
+    s, path = settings or EnvironmentSettings(), Path(path)
+    sessions = list(sessions)
+    claim_manifest(path, run_description("replay", source, simulator, s), len(sessions))
+    done = finished_sessions(path)
+    waiting = [x for x in sessions if x.session_id not in done and x.steps]
+    written = outputs = 0
+    with path.open("a", encoding="utf-8") as out:
+        for start in range(0, len(waiting), batch_size):
+            cursors = [ReplayCursor(x, s) for x in waiting[start : start + batch_size]]
+            asked = [(c.session.session_id, step) for c in cursors for step in c]
+            answers = predictions([step for _, step in asked], simulator) if asked else []
+            outputs += len(asked)
+            rows: dict[str, list[ReplayStep]] = {c.session.session_id: unscored_rows(c) for c in cursors}
+            for (session_id, step), answer in zip(asked, answers, strict=True):
+                rows[session_id].append(replay_row(session_id, step, answer))
+            for session_rows in rows.values():
+                ordered = sorted(session_rows, key=lambda row: row.step_index)
+                out.write("".join(row.model_dump_json() + "\n" for row in ordered))
+            out.flush()
+            written += len(cursors)
+    resumed = sum(x.session_id in done for x in sessions)
+    return RunSummary(str(path), written, resumed, outputs)
