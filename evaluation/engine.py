@@ -2,8 +2,12 @@
 
 A pool of live episodes (``batch_size``) is stepped together: each round asks the simulator for every
 live prompt in one call, and a finished episode is written to the trace file at once and its place
-taken by the next session. A killed evaluation resumes from its trace file: the sessions already
-written there are skipped, and a half-written last line is cut away first. A small run manifest
+taken by the next session. A simulator that answers prompts one at a time with many in flight (a
+remote endpoint, :class:`~evaluation.simulators.ConcurrentSimulator`) drives its episodes
+independently instead, so none waits for the slowest answer of a round.
+
+A killed evaluation resumes from its trace file: the sessions already written there are skipped,
+and a half-written last line is cut away first. A small run manifest
 beside the traces records the simulator, its seed and sampling parameters and the environment's
 settings; resuming under other parameters is refused, so one file never mixes two runs.
 
@@ -13,19 +17,20 @@ row per recorded step, the unscored ones with their reason; it resumes the same 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from evaluation.environment import EnvironmentSettings
 from evaluation.replay import ReplayCursor, ScoredStep
 from evaluation.rollout import Rollout
 from evaluation.session import Session
-from evaluation.simulators import NoAnswer, Simulator, step_all
+from evaluation.simulators import ConcurrentSimulator, NoAnswer, Simulator, deliver, step_all
 from evaluation.traces import ReplayStep, Trace, TraceProfile, TraceStep
 from transforms.prompts import Accepted
 
@@ -125,6 +130,18 @@ def trace_of(rollout: Rollout, source: str) -> Trace:
     )
 
 
+class TraceWriter:
+    """Appends each finished episode to the trace file at once (a kill loses only those in flight)."""
+
+    def __init__(self, handle: IO[str], source: str) -> None:
+        self.handle, self.source, self.written = handle, source, 0
+
+    def write(self, rollout: Rollout) -> None:
+        self.handle.write(trace_of(rollout, self.source).model_dump_json() + "\n")
+        self.handle.flush()
+        self.written += 1
+
+
 def roll_out(
     sessions: Iterable[Session],
     simulator: Simulator,
@@ -134,25 +151,70 @@ def roll_out(
     settings: EnvironmentSettings | None = None,
     batch_size: int = DEFAULT_BATCH,
 ) -> RunSummary:
-    """Roll every session out with ``simulator`` into the trace file ``path`` (appending, resumable)."""
+    """Roll every session out with ``simulator`` into the trace file ``path`` (appending, resumable).
+
+    A :class:`ConcurrentSimulator` drives up to its concurrency of episodes independently; any other
+    is asked for ``batch_size`` live episodes at a time.
+    """
     s, path = settings or EnvironmentSettings(), Path(path)
     sessions = list(sessions)
     claim_manifest(path, run_description("rollout", source, simulator, s), len(sessions))
     done = finished_sessions(path)
     waiting = deque(x for x in sessions if x.session_id not in done)
-    resumed, written, outputs = len(sessions) - len(waiting), 0, 0
+    resumed = len(sessions) - len(waiting)
+    with path.open("a", encoding="utf-8") as handle:
+        writer = TraceWriter(handle, source)
+        if isinstance(simulator, ConcurrentSimulator):
+            outputs = simulator.run(drive_concurrently(waiting, s, simulator, writer))
+        else:
+            outputs = drive_in_batches(waiting, s, simulator, writer, batch_size)
+    return RunSummary(str(path), writer.written, resumed, outputs)
+
+
+def drive_in_batches(
+    waiting: deque[Session],
+    settings: EnvironmentSettings,
+    simulator: Simulator,
+    writer: TraceWriter,
+    size: int,
+) -> int:
+    """Rounds of up to ``size`` live episodes, a finished one replaced by the next; returns outputs."""
     live: list[Rollout] = []
-    with path.open("a", encoding="utf-8") as out:
-        while waiting or live:
-            while waiting and len(live) < batch_size:
-                live.append(Rollout(waiting.popleft(), s))
-            outputs += step_all(live, simulator)
-            for rollout in (r for r in live if r.done):
-                out.write(trace_of(rollout, source).model_dump_json() + "\n")
-                out.flush()  # written as soon as it ends: a kill loses only the episodes in flight
-                written += 1
-            live = [r for r in live if not r.done]
-    return RunSummary(str(path), written, resumed, outputs)
+    outputs = 0
+    while waiting or live:
+        while waiting and len(live) < size:
+            live.append(Rollout(waiting.popleft(), settings))
+        outputs += step_all(live, simulator)
+        for rollout in (r for r in live if r.done):
+            writer.write(rollout)
+        live = [r for r in live if not r.done]
+    return outputs
+
+
+async def drive_concurrently(
+    waiting: deque[Session],
+    settings: EnvironmentSettings,
+    simulator: ConcurrentSimulator,
+    writer: TraceWriter,
+) -> int:
+    """As many episodes in flight as the simulator's concurrency, each stepping on its own answer."""
+    outputs = 0
+
+    async def episodes() -> None:
+        nonlocal outputs
+        while waiting:
+            rollout = Rollout(waiting.popleft(), settings)
+            while not rollout.done:
+                try:
+                    output = await simulator.answer(rollout.messages())
+                except Exception as error:  # recorded in the episode, never raised past it
+                    output = NoAnswer(f"{type(error).__name__}: {error}")
+                deliver(rollout, output)
+                outputs += 1
+            writer.write(rollout)
+
+    await asyncio.gather(*(episodes() for _ in range(simulator.concurrency)))
+    return outputs
 
 
 # --- replay -------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +27,7 @@ from extractors.config import ExtractSettings
 from extractors.prompts import PromptTemplate
 
 # the client names its requests after a template; the simulator's prompts are rendered by the environment
+T = TypeVar("T")
 SIMULATOR_TEMPLATE = PromptTemplate(name="simulator", version="protocol-2", system="", user="", schema={})
 
 
@@ -109,7 +110,7 @@ class OpenAISimulator:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="openai-simulator", daemon=True)
         self._thread.start()
-        self.client = self._run(self._client())
+        self.client = self.run(self._client())
 
     @classmethod
     def from_spec(cls, argument: str, sampling: Sampling | None = None, **traffic: Any) -> OpenAISimulator:
@@ -118,7 +119,12 @@ class OpenAISimulator:
     async def _client(self) -> SimulatorClient:
         return SimulatorClient(self.settings.client_settings(), self.settings.top_p)
 
-    def _run(self, coroutine: Any) -> Any:
+    @property
+    def concurrency(self) -> int:
+        return self.settings.concurrency
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the client's event loop (its own thread) and return its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     @property
@@ -127,12 +133,13 @@ class OpenAISimulator:
         return self.client.stats.as_dict()
 
     def act(self, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
-        return self._run(self._answers(prompts))
+        return self.run(self._answers(prompts))
 
     async def _answers(self, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
-        return list(await asyncio.gather(*(self._answer(messages) for messages in prompts)))
+        return list(await asyncio.gather(*(self.answer(messages) for messages in prompts)))
 
-    async def _answer(self, messages: Messages) -> str | NoAnswer:
+    async def answer(self, messages: Messages) -> str | NoAnswer:
+        """One answer (waits for a free slot of the concurrency limit)."""
         try:
             return (await self.client.complete(SIMULATOR_TEMPLATE, list(messages))).text
         except (RequestFailed, ExtractionStopped) as error:
@@ -141,7 +148,7 @@ class OpenAISimulator:
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        self._run(self.client.aclose())
+        self.run(self.client.aclose())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()

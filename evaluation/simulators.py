@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, Field
 
 from evaluation.rollout import Rollout
 
 Messages = list[dict[str, str]]
+T = TypeVar("T")
 
 ACTIONS_HEADING = "## Executable actions\n"
 CARD_LINE = re.compile(r"^\d+\. .* \| id (?P<item>.+)$")
@@ -40,6 +41,19 @@ class Simulator(Protocol):
     """Answers a batch of prompts, one response text (or :class:`NoAnswer`) per prompt, in order."""
 
     def act(self, prompts: Sequence[Messages]) -> Sequence[str | NoAnswer]: ...
+
+
+@runtime_checkable
+class ConcurrentSimulator(Simulator, Protocol):
+    """A simulator that also answers one prompt at a time, many in flight (a remote endpoint): each
+    episode then moves on as soon as its own answer is back, instead of waiting for a whole batch.
+    ``run`` runs a coroutine on the simulator's event loop and returns its result."""
+
+    concurrency: int
+
+    async def answer(self, messages: Messages) -> str | NoAnswer: ...
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T: ...
 
 
 def executable_lines(prompt: str) -> list[str]:
@@ -167,11 +181,16 @@ def step_all(live: Sequence[Rollout], simulator: Simulator) -> int:
             rollout.fail(f"{type(error).__name__}: {error}")
         return len(live)
     for rollout, output in zip(live, outputs, strict=True):
-        if isinstance(output, NoAnswer):
-            rollout.fail(output.error)
-        else:
-            rollout.submit(output)
+        deliver(rollout, output)
     return len(live)
+
+
+def deliver(rollout: Rollout, output: str | NoAnswer) -> None:
+    """Hand one simulator output to its episode: judged and executed, or the episode ends with error."""
+    if isinstance(output, NoAnswer):
+        rollout.fail(output.error)
+    else:
+        rollout.submit(output)
 
 
 def drive(rollouts: Sequence[Rollout], simulator: Simulator) -> None:
