@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -155,3 +156,38 @@ def test_a_replay_prediction_that_breaks_the_rules_is_kept_with_its_reason(tmp_p
     path = tmp_path / "replay.jsonl"
     replay([session(session_id="r")], Counting("not json"), path, source="s")
     assert {(r.accepted, r.reject_reason) for r in read_replay(path)} == {(False, "parse_failure")}
+
+
+class OneAtATime:
+    """A concurrent simulator (answers one prompt at a time, several in flight) that counts them."""
+
+    concurrency = 3
+
+    def __init__(self):
+        self.in_flight = self.most_in_flight = self.answered = 0
+
+    def act(self, prompts):
+        raise AssertionError("a concurrent simulator is driven through answer()")
+
+    async def answer(self, messages):
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.01)
+        self.in_flight -= 1
+        self.answered += 1
+        return END if self.answered % 4 else NoAnswer("TimeoutError: no answer")
+
+    def run(self, coroutine):
+        return asyncio.run(coroutine)
+
+
+def test_a_concurrent_simulator_steps_each_episode_on_its_own_answer(tmp_path):
+    simulator = OneAtATime()
+    path = tmp_path / "t.jsonl"
+    summary = roll_out(sessions(8), simulator, path, source="remote")
+    # 8 one-step episodes, 3 in flight at most; every 4th answer is missing: 2 episodes end with error
+    assert simulator.most_in_flight == 3
+    assert (summary.written, summary.outputs) == (8, 8)
+    endings = [t.termination_reason for t in read_traces(path)]
+    assert sorted(endings) == ["end"] * 6 + ["error"] * 2
+    assert roll_out(sessions(8), OneAtATime(), path, source="remote").resumed == 8
