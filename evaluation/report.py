@@ -163,7 +163,7 @@ def action_mix_figure(dists: Mapping[str, Distributions]) -> str:
 
 def length_figure(dists: Mapping[str, Distributions]) -> str:
     colour = colours(list(dists))
-    bins = np.arange(0.5, LONGEST_SHOWN + 1.5)
+    bins = np.arange(-0.5, LONGEST_SHOWN + 1.5)  # from 0: an episode may end before any executed action
     figure, axes = canvas(10, 4.5)
     for source, d in dists.items():
         lengths = np.minimum(d.lengths, LONGEST_SHOWN)
@@ -234,6 +234,7 @@ def effect_figure(simulators: Mapping[str, Mapping[str, Any]]) -> str | None:
         axes.errorbar(f["effect_ratio"], row, xerr=error, fmt="o", capsize=6, color=colour[spec])
     axes.axvline(1.0, color="#333333", linestyle="--", label="true effect (ratio 1)")
     axes.set_yticks(range(len(estimated)), list(estimated))
+    axes.invert_yaxis()  # in the order of the tables
     axes.set_xlabel("effect ratio: simulated Δ PV-CTR / true Δ PV-CTR (95 % interval)")
     axes.set_title("A/B effect fidelity")
     axes.legend()
