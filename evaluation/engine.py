@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +30,7 @@ from evaluation.environment import EnvironmentSettings
 from evaluation.replay import ReplayCursor, ScoredStep
 from evaluation.rollout import Rollout
 from evaluation.session import Session
-from evaluation.simulators import ConcurrentSimulator, NoAnswer, Simulator, deliver, step_all
+from evaluation.simulators import ConcurrentSimulator, NoAnswer, Simulator, ask, deliver, step_all
 from evaluation.traces import ReplayStep, Trace, TraceProfile, TraceStep
 from transforms.prompts import Accepted
 
@@ -108,6 +108,21 @@ def run_description(
     }
 
 
+def begin(
+    kind: str,
+    sessions: Iterable[Session],
+    simulator: Simulator,
+    path: str | Path,
+    source: str,
+    settings: EnvironmentSettings | None,
+) -> tuple[EnvironmentSettings, Path, list[Session], set[str]]:
+    """Claim the manifest of a rollout or replay file; returns the settings, the path, the sessions
+    and the ids of those the file already holds."""
+    s, path, sessions = settings or EnvironmentSettings(), Path(path), list(sessions)
+    claim_manifest(path, run_description(kind, source, simulator, s), len(sessions))
+    return s, path, sessions, finished_sessions(path)
+
+
 # --- rollout ------------------------------------------------------------------------------------
 
 
@@ -156,10 +171,7 @@ def roll_out(
     A :class:`ConcurrentSimulator` drives up to its concurrency of episodes independently; any other
     is asked for ``batch_size`` live episodes at a time.
     """
-    s, path = settings or EnvironmentSettings(), Path(path)
-    sessions = list(sessions)
-    claim_manifest(path, run_description("rollout", source, simulator, s), len(sessions))
-    done = finished_sessions(path)
+    s, path, sessions, done = begin("rollout", sessions, simulator, path, source, settings)
     waiting = deque(x for x in sessions if x.session_id not in done)
     resumed = len(sessions) - len(waiting)
     with path.open("a", encoding="utf-8") as handle:
@@ -272,17 +284,6 @@ def unscored_rows(cursor: ReplayCursor) -> list[ReplayStep]:
     ]
 
 
-def predictions(steps: Sequence[ScoredStep], simulator: Simulator) -> list[str | NoAnswer]:
-    """One output per scored step, asked in one call; a failing call is a NoAnswer for each."""
-    try:
-        outputs = list(simulator.act([step.messages() for step in steps]))
-        if len(outputs) != len(steps):
-            raise ValueError(f"{len(outputs)} responses for {len(steps)} prompts")
-    except Exception as error:  # recorded in the rows, never raised past them
-        return [NoAnswer(f"{type(error).__name__}: {error}")] * len(steps)
-    return outputs
-
-
 def replay(
     sessions: Iterable[Session],
     simulator: Simulator,
@@ -297,17 +298,14 @@ def replay(
     Sessions are taken a batch at a time and their scored steps asked together; a session's rows are
     written in one piece once all of them are predicted.
     """
-    s, path = settings or EnvironmentSettings(), Path(path)
-    sessions = list(sessions)
-    claim_manifest(path, run_description("replay", source, simulator, s), len(sessions))
-    done = finished_sessions(path)
+    s, path, sessions, done = begin("replay", sessions, simulator, path, source, settings)
     waiting = [x for x in sessions if x.session_id not in done and x.steps]
     written = outputs = 0
     with path.open("a", encoding="utf-8") as out:
         for start in range(0, len(waiting), batch_size):
             cursors = [ReplayCursor(x, s) for x in waiting[start : start + batch_size]]
             asked = [(c.session.session_id, step) for c in cursors for step in c]
-            answers = predictions([step for _, step in asked], simulator) if asked else []
+            answers = ask(simulator, [step.messages() for _, step in asked]) if asked else []
             outputs += len(asked)
             rows: dict[str, list[ReplayStep]] = {c.session.session_id: unscored_rows(c) for c in cursors}
             for (session_id, step), answer in zip(asked, answers, strict=True):

@@ -166,21 +166,25 @@ def simulator_for_lake(spec: str, lake: str | Path, sampling: Sampling | None = 
     return simulator_from_spec(spec)
 
 
+def ask(simulator: Simulator, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
+    """One output per prompt, asked in one call; a failing call (or one answering the wrong number of
+    prompts) is a :class:`NoAnswer` for each, so the failure is recorded, never raised past them."""
+    try:
+        outputs = list(simulator.act(prompts))
+        if len(outputs) != len(prompts):
+            raise ValueError(f"{len(outputs)} responses for {len(prompts)} prompts")
+    except Exception as error:  # the simulator's failure ends its episodes, not the evaluation
+        return [NoAnswer(f"{type(error).__name__}: {error}")] * len(prompts)
+    return outputs
+
+
 def step_all(live: Sequence[Rollout], simulator: Simulator) -> int:
     """One round: one output for every live episode, asked in one call; returns the outputs asked.
 
     A failing call ends every episode of the round with ``error``; an output the simulator marks as
     :class:`NoAnswer` ends only its own episode so.
     """
-    try:
-        outputs = simulator.act([r.messages() for r in live])
-        if len(outputs) != len(live):
-            raise ValueError(f"{len(outputs)} responses for {len(live)} prompts")
-    except Exception as error:  # the simulator's failure is recorded in the episodes, never raised past them
-        for rollout in live:
-            rollout.fail(f"{type(error).__name__}: {error}")
-        return len(live)
-    for rollout, output in zip(live, outputs, strict=True):
+    for rollout, output in zip(live, ask(simulator, [r.messages() for r in live]), strict=True):
         deliver(rollout, output)
     return len(live)
 
