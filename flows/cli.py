@@ -292,6 +292,47 @@ def score(
 
 
 @app.command()
+def evaluate(
+    lake: LakeOption,
+    simulator: Annotated[
+        list[str],
+        typer.Option(
+            "--simulator",
+            help="simulator spec, repeatable: world, markov, random[:SEED], checkpoint:PATH, "
+            "openai:MODEL@BASE_URL",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="folder for the traces, report.json and report.html")],
+    split: Annotated[str, typer.Option("--split", help="sessions evaluated: train | val | test")] = "test",
+    sessions: Annotated[
+        int | None, typer.Option("--sessions", min=1, help="evaluate only the first N sessions")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="language models")] = 512,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 0.95,
+    seed: Annotated[int, typer.Option("--seed")] = 42,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="sessions stepped together")] = 64,
+    effect: Annotated[
+        bool, typer.Option("--effect/--no-effect", help="A/B effect fidelity (lakes generated from a world)")
+    ] = True,
+    effect_users: Annotated[
+        int | None, typer.Option("--effect-users", min=2, help="held-out users in the A/B test (all)")
+    ] = None,
+) -> None:
+    """Roll out and replay each simulator on the lake's sessions, score them against the real ones, and
+    write report.json and report.html (a killed run resumes from its traces)."""
+    from flows.evaluate import evaluate_flow
+
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    try:
+        result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
+                               sampling, batch_size, effect, effect_users)  # fmt: skip
+    except ValueError as err:
+        raise stopped(err) from None
+    console.print(f"[bold]report:[/bold] {result['html']}   [bold]figures:[/bold] {result['json']}")
+
+
+@app.command()
 def serve(
     raw: Annotated[Path, typer.Option("--raw", help="raw log bundle the nightly run ingests")],
     lake: LakeOption = Path("lake"),
