@@ -222,6 +222,7 @@ class StepCounts:
     trained_tokens: int = 0  # tokens of back-propagated forwards
     forward_only_tokens: int = 0  # teacher scoring, generation prefill + decode
     generated_tokens: int = 0
+    loss: float = 0.0  # of the last step: a finite value says the step computed something real
 
 
 @dataclass
@@ -264,7 +265,7 @@ def sft_step(bench: Bench, timer: PhaseTimer) -> StepCounts:
     with timer.phase("student_backward"):
         hidden.backward(leaf.grad)
     bench.optimise(timer)
-    return StepCounts(trained_tokens=batch.tokens)
+    return StepCounts(trained_tokens=batch.tokens, loss=float(loss))
 
 
 def optd_step(bench: Bench, teacher: Qwen2ForCausalLM, timer: PhaseTimer) -> StepCounts:
@@ -313,6 +314,7 @@ def optd_step(bench: Bench, teacher: Qwen2ForCausalLM, timer: PhaseTimer) -> Ste
         trained_tokens=plain.tokens + gold.tokens,
         forward_only_tokens=plain.tokens + privileged.tokens + prefill + generated,
         generated_tokens=generated,
+        loss=float(loss.total),
     )
 
 
@@ -347,6 +349,7 @@ def run_stage(
         counts.trained_tokens += done.trained_tokens
         counts.forward_only_tokens += done.forward_only_tokens
         counts.generated_tokens += done.generated_tokens
+        counts.loss = done.loss
     wall = sum(timer.seconds.values())
     peak = H200_BF16_DENSE_TFLOPS * 1e12
     trained_per_s = counts.trained_tokens / wall
@@ -390,6 +393,14 @@ def vllm_generate(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> 
         engine.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started
     return {"status": "measured", "tokens_per_s": len(states) * new_tokens / seconds, "states": len(states)}
+
+
+def vllm_measurement(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> dict[str, Any]:
+    """vLLM's figure, or why there is none: a failing engine must not lose the training figures."""
+    try:
+        return vllm_generate(model, size, gen)
+    except Exception as error:  # reported in the output, whatever the engine raised
+        return {"status": f"failed: {error!r}"}
 
 
 def optd_stage(bench: Bench, steps: int, n_params: int) -> dict[str, Any]:
@@ -449,7 +460,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "optd": optd,
         "generation": {
             "hf_generate_tokens_per_s": optd["hf_generate_tokens_per_s"],
-            "vllm": vllm_generate(student, size, gen),
+            "vllm": vllm_measurement(student, size, gen),
         },
     }
 

@@ -66,7 +66,7 @@ def test_run_describes_itself(result):
 def test_stage_reports_sane_throughput_memory_and_phases(result, stage):
     report = result[stage]
     assert report["steps"] == TOY_STEPS
-    for field in ("step_seconds", "tokens_per_s", "mfu", "peak_memory_gib", "trained_tokens"):
+    for field in ("step_seconds", "tokens_per_s", "mfu", "peak_memory_gib", "trained_tokens", "loss"):
         assert positive(report[field]), field
     assert set(report["phase_seconds"]) == PHASES[stage]
     assert all(positive(seconds) for seconds in report["phase_seconds"].values())
@@ -87,6 +87,9 @@ def test_sft_trains_on_prompt_and_gold_tokens(result):
         <= TOY_STATES * TOY_STEPS * per_state[1]
     )
     assert sft["forward_only_tokens"] == sft["generated_tokens"] == 0  # no generation, no teacher
+    # a fresh model (weights of std 0.02 on unit-RMS hidden states: logits of std about 0.16) is
+    # close to uniform over the 500 tokenizer ids, so NLL ~ ln 500 = 6.215 (+ var/2 ~ 0.013)
+    assert sft["loss"] == pytest.approx(math.log(500), abs=0.1)
 
 
 def test_optd_counts_generation_and_teacher_passes(result):
