@@ -265,7 +265,7 @@ def sft_step(bench: Bench, timer: PhaseTimer) -> StepCounts:
     with timer.phase("student_backward"):
         hidden.backward(leaf.grad)
     bench.optimise(timer)
-    return StepCounts(trained_tokens=batch.tokens, loss=float(loss))
+    return StepCounts(trained_tokens=batch.tokens, loss=float(loss.detach()))
 
 
 def optd_step(bench: Bench, teacher: Qwen2ForCausalLM, timer: PhaseTimer) -> StepCounts:
@@ -314,7 +314,7 @@ def optd_step(bench: Bench, teacher: Qwen2ForCausalLM, timer: PhaseTimer) -> Ste
         trained_tokens=plain.tokens + gold.tokens,
         forward_only_tokens=plain.tokens + privileged.tokens + prefill + generated,
         generated_tokens=generated,
-        loss=float(loss.total),
+        loss=float(loss.total.detach()),
     )
 
 

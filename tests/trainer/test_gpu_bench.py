@@ -104,6 +104,9 @@ def test_optd_counts_generation_and_teacher_passes(result):
     assert 3 * low + runs * INTENT_TOKENS + 3 * sampled <= optd["forward_only_tokens"]
     assert optd["forward_only_tokens"] <= 3 * high + runs * INTENT_TOKENS + 3 * sampled
     assert positive(optd["mfu_all_passes"]) and optd["mfu_all_passes"] > optd["mfu"]
+    # the teacher is a copy of the student and both are near uniform, so the JSD is ~0 and the loss is
+    # gamma * NLL ~ 0.1 * ln 500 = 0.621
+    assert optd["loss"] == pytest.approx(0.1 * math.log(500), abs=0.02)
     generate_rate = sampled / optd["phase_seconds"]["generate"]
     assert optd["hf_generate_tokens_per_s"] == pytest.approx(generate_rate)
 
