@@ -372,7 +372,11 @@ def run_stage(
 
 
 def vllm_generate(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> dict[str, Any]:
-    """vLLM's tokens/s on the same kind of batch, where vLLM imports and a GPU is there."""
+    """vLLM's tokens/s on the same kind of batch, where vLLM imports and a GPU is there.
+
+    Both figures count each response's own tokens: HF ``generate`` runs the batch to its longest
+    response, so the rows that ended earlier cost it time that vLLM does not spend.
+    """
     if importlib.util.find_spec("vllm") is None:
         return {"status": "not installed"}
     if model.device.type != "cuda":
@@ -380,19 +384,19 @@ def vllm_generate(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> 
     from vllm import LLM, SamplingParams
 
     states = draw_states(size, gen)
-    new_tokens = size.response_tokens[1]
+    low, high = size.response_tokens
+    # one length per request, as in the HF batch: vLLM retires a request at its own end
+    lengths = torch.randint(low, high + 1, (len(states),), generator=gen).tolist()
+    params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False) for n in lengths]
+    prompts = [{"prompt_token_ids": s.prompt.tolist()} for s in states]
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         engine = LLM(model=folder, skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=0.3)
-        params = SamplingParams(
-            max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True, detokenize=False
-        )
-        prompts = [{"prompt_token_ids": s.prompt.tolist()} for s in states]
         engine.generate(prompts, params, use_tqdm=False)  # warm-up: graphs captured, cache allocated
         started = time.perf_counter()
         engine.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - started
-    return {"status": "measured", "tokens_per_s": len(states) * new_tokens / seconds, "states": len(states)}
+    return {"status": "measured", "tokens_per_s": sum(lengths) / seconds, "states": len(states)}
 
 
 def vllm_measurement(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> dict[str, Any]:
