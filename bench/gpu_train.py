@@ -108,8 +108,7 @@ def build_model(size: Size, device: torch.device, dtype: torch.dtype) -> Qwen2Fo
         pad_token_id=pad_id(size),
         eos_token_id=None,
         bos_token_id=None,
-        attn_implementation="sdpa",
-    )
+    )  # attention: transformers' default, SDPA where torch has it
     with device:  # initialised where it runs: no CPU copy of the weights
         return Qwen2ForCausalLM(config).to(dtype)
 
