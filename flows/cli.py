@@ -159,6 +159,15 @@ def _register_extract() -> None:
 _register_extract()
 
 
+def _register_train() -> None:
+    from flows.train import train_command
+
+    app.command(name="train")(train_command)
+
+
+_register_train()
+
+
 @app.command()
 def validate(
     lake: LakeOption = Path("sample/lake"),
