@@ -1,0 +1,301 @@
+"""The OPTD run: an SFT checkpoint -> a frozen teacher and a student, on-policy updates, checkpoints.
+
+``OUT/metrics.jsonl`` gets one row per update (kind ``train``: the loss parts, mean lambda*,
+binding share, guidance KL, tokens/s, seconds per phase) and per held-out evaluation (kind
+``eval``: the objective on held-out states, the share of sampled responses that parse).
+Held-out samples are drawn from their own seeded RNG stream, so evaluations neither depend on
+nor disturb the training samples: a resumed run samples what an uninterrupted one would.
+Under ``torchrun`` each rank trains on its shard of every update; rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
+from trainer.data import StateSampler, power_law_weights
+from trainer.distributed import World, device_for, init_world, sum_over_ranks, unsharded, wrap
+from trainer.generation import Generator, HFGenerator, VLLMGenerator, check_on_policy
+from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer
+from trainer.models import check_same_vocabulary, load_pretrained
+from trainer.optd import (
+    HiddenStates,
+    OPTDObjective,
+    OPTDSettings,
+    OPTDState,
+    build_rollouts,
+    objective_value,
+    optd_states,
+    response_shares,
+)
+from trainer.run import SftRun, prepare
+
+if TYPE_CHECKING:
+    from trainer.config import TrainSettings
+
+EVAL_SEED_OFFSET = 1_000_003  # the held-out samples' RNG stream, apart from the training one
+
+
+@dataclass
+class OPTDSummary:
+    checkpoint: str
+    steps: int
+    skipped_steps: int
+    train_states: int
+    held_out_states: int
+    held_out_start: dict[str, float] | None
+    held_out_end: dict[str, float] | None
+    left_out: dict[str, int] = field(default_factory=dict)
+    data_hash: str = ""
+
+
+@dataclass
+class OPTDRun:
+    base: SftRun  # the student (loaded from the SFT checkpoint), its states, optimiser and schedule
+    optd: OPTDSettings
+    world: World
+    teacher: HiddenStates
+    student: HiddenStates  # the unwrapped body: generation and evaluation use it directly
+    trainer: Trainer
+    objective: OPTDObjective
+    generator: Generator
+    train_states: list[OPTDState]
+    held_out: list[OPTDState]
+    sampler: StateSampler
+    meta: dict[str, Any]
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainer.device
+
+    def generate(self, states: list[OPTDState]) -> list[list[int]]:
+        with unsharded(self.student.lm):
+            generated = self.generator.generate([s.state.prompt_ids for s in states])
+        check_on_policy(generated, self.trainer.updates)
+        return generated.response_ids
+
+    def rollouts(self, states: list[OPTDState], responses: list[list[int]], timer: PhaseTimer):
+        s = self.base.settings
+        pad = self.base.tokenizer.pad_token_id
+        return build_rollouts(states, responses, self.teacher, pad, s.micro_batch_states, self.device, timer)
+
+    def evaluate(self) -> dict[str, float] | None:
+        """The objective and response shares on the held-out states, from a fixed sampling seed."""
+        if not self.held_out:
+            return None
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.base.settings.seed + EVAL_SEED_OFFSET)
+            responses = self.generate(self.held_out)
+        rollouts = self.rollouts(self.held_out, responses, PhaseTimer(self.device))
+        return objective_value(self.student, self.objective, rollouts) | response_shares(
+            self.base.tokenizer, responses
+        )
+
+    def checkpoint(self, step: int) -> Path | None:
+        """Every rank calls it (sharded weights are gathered together); rank 0 writes."""
+        meta = {**self.meta, "sampler": self.sampler.state_dict()}
+        b = self.base
+        with unsharded(self.student.lm):
+            if not self.world.is_main:
+                return None
+            return save_checkpoint(
+                b.out,
+                step,
+                b.model,
+                b.tokenizer,
+                self.trainer.optimizer,
+                self.trainer.scheduler,
+                meta,
+                b.settings.keep_checkpoints,
+            )
+
+
+def load_optd_settings(config: Path | None = None, **overrides: object) -> OPTDSettings:
+    """OPTD settings from TOML ``[optd]`` (if given), then explicit overrides."""
+    values = tomllib.loads(config.read_text()).get("optd", {}) if config else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return OPTDSettings(**values)
+
+
+def build_generator(run_base: SftRun, optd: OPTDSettings, checkpoint: Path) -> Generator:
+    if optd.generator == "vllm":
+        return VLLMGenerator(checkpoint, run_base.tokenizer, optd.sampling(), seed=run_base.settings.seed)
+    return HFGenerator(run_base.model, run_base.tokenizer, optd.sampling())
+
+
+def prepare_optd(
+    settings: TrainSettings, optd: OPTDSettings, lake: str | Path, out: Path, sft: Path, start: Path
+) -> OPTDRun:
+    """Student from ``start`` (the SFT checkpoint, or the one resumed), frozen teacher from ``sft``."""
+    world = init_world()
+    base = prepare(settings, lake, out, start)
+    teacher_lm, teacher_tokenizer = load_pretrained(sft)
+    check_same_vocabulary(base.model, base.tokenizer, teacher_lm, teacher_tokenizer)
+    teacher = HiddenStates(teacher_lm.to(base.trainer.device)).eval().requires_grad_(False)
+    states, left_out = optd_states(base.states, base.tokenizer, settings.max_prompt_tokens)
+    cut = max(len(states) - optd.held_out_states, 0)
+    train_states, held_out = states[:cut], states[cut:]
+    if not train_states:
+        raise ValueError(f"no train states with an intent in {lake} (left out: {dict(left_out)})")
+    weights = None
+    if settings.class_resampling_alpha is not None:
+        weights = power_law_weights([s.record.action for s in train_states], settings.class_resampling_alpha)
+    student = HiddenStates(base.model)
+    device = device_for(world, base.trainer.device)
+    trainer = Trainer(
+        wrap(student, world, optd.strategy, device),
+        base.trainer.optimizer,
+        base.trainer.scheduler,
+        clip=settings.clip_grad_norm,
+        device=device,
+        bf16=settings.bf16,
+    )
+    teacher_head = tuple(t.detach() if t is not None else None for t in teacher.head())
+    objective = OPTDObjective(
+        student.head, teacher_head, len(base.tokenizer), optd.objective(), optd.chunk_size
+    )
+    base.left_out += left_out
+    meta = {
+        **base.meta,
+        "stage": "optd",
+        "teacher": str(sft),
+        "settings": {**base.meta["settings"], "optd": optd.model_dump(mode="json")},
+    }
+    return OPTDRun(
+        base,
+        optd,
+        world,
+        teacher,
+        student,
+        trainer,
+        objective,
+        build_generator(base, optd, start),
+        train_states,
+        held_out,
+        StateSampler(len(train_states), settings.seed, weights),
+        meta,
+    )
+
+
+def restore(run: OPTDRun, folder: Path) -> int:
+    """Continue ``folder``'s run exactly: optimiser, schedule, RNG, sampler and the policy version."""
+    meta = read_meta(folder)
+    check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
+    restore_training_state(folder, run.trainer.optimizer, run.trainer.scheduler)
+    run.sampler.load_state_dict(meta["sampler"])
+    run.trainer.updates = meta["step"]
+    run.meta["held_out_start"] = meta["held_out_start"]
+    run.generator.sync(run.base.model, run.trainer.updates)
+    return meta["step"]
+
+
+def optd_update(run: OPTDRun) -> tuple[StepReport, dict[str, float]]:
+    """One update: sample, score with the teacher twice, accumulate the student's loss, step.
+
+    Returns the report (loss and parts over all ranks) and the seconds of the student-side
+    phases inside ``forward_backward``."""
+    timer, detail = PhaseTimer(run.device), PhaseTimer(run.device)
+    global_states = run.base.settings.states_per_update
+    with timer.phase("data"):
+        chosen = run.world.shard([run.train_states[i] for i in run.sampler.take(global_states)])
+    with timer.phase("generate"):
+        responses = run.generate(chosen)
+    rollouts = run.rollouts(chosen, responses, timer)
+    run.objective.timer = detail
+    report = run.trainer.step(rollouts, run.objective, run.world.divisor(global_states), timer=timer)
+    run.generator.sync(run.base.model, run.trainer.updates)
+    return with_global_sums(report, run, sum(len(r) for r in responses)), detail.seconds
+
+
+def with_global_sums(report: StepReport, run: OPTDRun, sampled: int) -> StepReport:
+    """The step's loss and parts over all ranks' states (each rank reported its own share)."""
+    world = run.world
+    if world.active:
+        local = {"loss": report.loss, **report.parts, "tokens": float(report.tokens)}
+        # each rank's values are its sums / (global / world): summed and divided by world, the global mean
+        summed = sum_over_ranks(local, world, run.device)
+        report.loss = summed.pop("loss") / world.size
+        report.tokens = int(summed.pop("tokens"))
+        report.parts = {k: v / world.size for k, v in summed.items()}
+    report.parts["sampled_tokens"] = float(sampled)
+    return report
+
+
+def step_row(report: StepReport, detail: dict[str, float]) -> dict[str, Any]:
+    """The metrics row; the student-side detail sits beside the phases, which it is part of."""
+    return {**report.as_json(), "forward_backward_detail": {k: round(v, 4) for k, v in detail.items()}}
+
+
+def run_optd(
+    settings: TrainSettings,
+    optd: OPTDSettings,
+    lake: str | Path,
+    out: str | Path,
+    base: str | Path,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> OPTDSummary:
+    """``settings.steps`` OPTD updates from the SFT checkpoint ``base`` (teacher and student start).
+
+    ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings, data and
+    teacher); ``stop_after`` ends this call after that update, with a checkpoint.
+    """
+    out, base = Path(out), Path(base)
+    resume_from = latest(out) if resume else None
+    if resume and resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    run = prepare_optd(settings, optd, lake, out, base, resume_from or base)
+    start = restore(run, resume_from) if resume_from else 0
+    metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
+    if start == 0:
+        run.meta["held_out_start"] = run.evaluate()
+        if run.world.is_main:
+            metrics.write({"kind": "eval", "step": 0, **(run.meta["held_out_start"] or {})})
+    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    train_updates(run, metrics, start, end, progress)
+    rows = metrics.rows()
+    evaluations = [row for row in rows if row["kind"] == "eval"]
+    summary = OPTDSummary(
+        checkpoint=str(run.checkpoint(end) or ""),
+        steps=end,
+        skipped_steps=sum(row["skipped"] for row in rows if row["kind"] == "train"),
+        train_states=len(run.train_states),
+        held_out_states=len(run.held_out),
+        held_out_start=run.meta["held_out_start"],
+        held_out_end={k: v for k, v in evaluations[-1].items() if k not in ("kind", "step")}
+        if evaluations
+        else None,
+        left_out=dict(run.base.left_out),
+        data_hash=run.meta["data_hash"],
+    )
+    if run.world.is_main:
+        (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    return summary
+
+
+def train_updates(run: OPTDRun, metrics: MetricsLog, start: int, end: int, progress: bool) -> None:
+    """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints."""
+    s, main = run.base.settings, run.world.is_main
+    bar = tqdm(total=s.steps, initial=start, disable=not (progress and main), desc="optd", unit="update")
+    for step in range(start + 1, end + 1):
+        report, detail = optd_update(run)
+        if main:
+            metrics.write({"kind": "train", **step_row(report, detail)})
+        bar.update(1)
+        bar.set_postfix(loss=f"{report.loss:.4f}", lam=f"{report.parts['mean_lambda']:.3f}")
+        if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
+            evaluation = run.evaluate()
+            if main and evaluation is not None:
+                metrics.write({"kind": "eval", "step": step, **evaluation})
+        if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
+            run.checkpoint(step)
+    bar.close()
