@@ -11,7 +11,6 @@ Under ``torchrun`` each rank trains on its shard of every update; rank 0 writes.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,13 +27,13 @@ from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
     HiddenStates,
     OPTDObjective,
-    OPTDSettings,
     OPTDState,
     build_rollouts,
     objective_value,
     optd_states,
     response_shares,
 )
+from trainer.optd_config import OPTDSettings
 from trainer.run import SftRun, prepare
 
 if TYPE_CHECKING:
@@ -116,13 +115,6 @@ class OPTDRun:
                 meta,
                 b.settings.keep_checkpoints,
             )
-
-
-def load_optd_settings(config: Path | None = None, **overrides: object) -> OPTDSettings:
-    """OPTD settings from TOML ``[optd]`` (if given), then explicit overrides."""
-    values = tomllib.loads(config.read_text()).get("optd", {}) if config else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return OPTDSettings(**values)
 
 
 def build_generator(run_base: SftRun, optd: OPTDSettings, checkpoint: Path) -> Generator:

@@ -1,0 +1,250 @@
+"""OPTD: the teacher's contexts, on-policy generation, a whole run (SFT then OPTD), exact resume, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
+
+from flows.cli import app
+from tests.trainer.conftest import tiny_model
+from trainer.config import TinyModelSettings, TrainSettings
+from trainer.data import RecordText, State, encode, load_records, prompt_ids
+from trainer.generation import (
+    Generated,
+    HFGenerator,
+    SamplingSettings,
+    StalePolicy,
+    check_on_policy,
+    cut_at_eos,
+)
+from trainer.loop import PhaseTimer
+from trainer.models import train_tokenizer
+from trainer.optd import (
+    INTENT_HEADING,
+    HiddenStates,
+    build_rollouts,
+    optd_states,
+    privileged_messages,
+    response_shares,
+)
+from trainer.optd_config import OPTDSettings
+from trainer.optd_run import run_optd
+from trainer.run import run_sft
+
+# --- a small lake of short, regular states -----------------------------------------------------
+
+INTENTS = {
+    "t1": ("shoes", "wants running shoes and compares soles"),
+    "t2": ("books", "wants a cookbook and reads the reviews"),
+    "t3": ("shoes", "wants trail shoes under 80"),
+    "t4": ("books", "wants a novel for a trip"),
+    "t5": ("shoes", "wants sandals for the beach"),
+}
+ITEMS = {"shoes": ["Swift Runner", "Trail Boot", "Beach Sandal"], "books": ["Lemon Cookbook", "Night Novel"]}
+
+
+def lake_rows() -> list[dict[str, object]]:
+    """Five trajectories of six steps: scroll, scroll, click the wanted item, ... (t5 is the test split)."""
+    rows = []
+    for trajectory, (wanted, intent) in INTENTS.items():
+        split = "test" if trajectory == "t5" else "train"
+        for step in range(6):
+            shown = [ITEMS["shoes"][step % 3], ITEMS["books"][step % 2]]
+            pick = shown[0] if wanted == "shoes" else shown[1]
+            if step % 3 == 2:
+                action = {"type": "click", "target": pick}
+                rationale = f"The {pick} is what I came for."
+            else:
+                action = {"type": "scroll_down", "distance": 300}
+                rationale = "Nothing here yet, so I keep looking."
+            rows.append(
+                {
+                    "record_id": f"{trajectory}:{step}",
+                    "mode": "single",
+                    "system": "You are a shopper. Reply with one JSON object.",
+                    "prompt": f"In view: {shown[0]}; {shown[1]}. Step {step}. Your next action?",
+                    "response": json.dumps({"rationale": rationale, "action": action}, separators=(",", ":")),
+                    "action": action["type"],
+                    "intent": intent if split == "train" else None,
+                    "split": split,
+                }
+            )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("optdlake")
+    (root / "records").mkdir()
+    pq.write_table(pa.Table.from_pylist(lake_rows()), root / "records" / "part-0.parquet")
+    return root
+
+
+TINY = TinyModelSettings(
+    vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1
+)
+
+
+def train_settings(**overrides) -> TrainSettings:
+    values = dict(
+        modes=["single"],
+        steps=20,
+        states_per_update=4,
+        micro_batch_states=2,
+        lr=2e-2,
+        warmup_steps=2,
+        eval_split="test",
+        eval_every=0,
+        checkpoint_every=0,
+        eval_max_states=6,
+        torch_threads=1,  # on a shared machine one thread each beats threads waiting for each other
+        tiny=TINY,
+    )
+    return TrainSettings(**(values | overrides))
+
+
+def optd_settings(**overrides) -> OPTDSettings:
+    return OPTDSettings(**({"max_new_tokens": 40, "chunk_size": 16, "held_out_states": 4} | overrides))
+
+
+@pytest.fixture(scope="module")
+def sft_checkpoint(lake, tmp_path_factory) -> Path:
+    summary = run_sft(train_settings(), lake, tmp_path_factory.mktemp("sft"), progress=False)
+    return Path(summary.checkpoint)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    rows = lake_rows()
+    return train_tokenizer([t for r in rows for t in (r["system"], r["prompt"], r["response"])], 512)
+
+
+def lake_states(lake: Path, tokenizer, split: str = "train") -> list[State]:
+    records, _ = load_records(lake, [split], ["single"])
+    states, dropped = encode(records, tokenizer, 10_000, 10_000)
+    assert not dropped
+    return states
+
+
+# --- states and the teacher's contexts -----------------------------------------------------------
+
+
+def test_the_privileged_prompt_is_the_plain_one_with_the_intent_appended(lake, tokenizer):
+    states = lake_states(lake, tokenizer)
+    record = states[0].record
+    user = privileged_messages(record)[1]["content"]
+    assert user == f"{record.prompt}\n\n{INTENT_HEADING}\n{record.intent}"
+    kept, left_out = optd_states(states, tokenizer, max_prompt_tokens=10_000)
+    assert len(kept) == 24 and not left_out  # 4 train trajectories x 6 steps, each with its intent
+    assert all(len(s.privileged_prompt_ids) > len(s.state.prompt_ids) for s in kept)
+    assert kept[0].privileged_prompt_ids == prompt_ids(tokenizer, privileged_messages(record))
+    # a state without an intent cannot be distilled; a privileged prompt over the limit is dropped
+    no_intent = State(RecordText(**{**vars(record), "intent": None}), states[0].prompt_ids, [1])
+    shortest = min(len(s.privileged_prompt_ids) for s in kept)
+    _, counted = optd_states([no_intent, *states], tokenizer, max_prompt_tokens=shortest - 1)
+    assert counted == {"no_intent": 1, "privileged_prompt_too_long": 24}
+
+
+def test_teacher_contexts_end_with_the_sampled_ids_and_align_from_the_right(lake, tokenizer):
+    kept, _ = optd_states(lake_states(lake, tokenizer)[:3], tokenizer, 10_000)
+    teacher = HiddenStates(tiny_model(tokenizer, seed=3))
+    generator = torch.Generator().manual_seed(0)
+    responses = [torch.randint(4, len(tokenizer), (n,), generator=generator).tolist() for n in (3, 7, 5)]
+    rollouts = build_rollouts(
+        kept,
+        responses,
+        teacher,
+        tokenizer.pad_token_id,
+        2,
+        torch.device("cpu"),
+        PhaseTimer(torch.device("cpu")),
+    )
+    assert [r.n_states for r in rollouts] == [2, 1]
+    pairs = [(rollout, i) for rollout in rollouts for i in range(rollout.n_states)]
+    for (rollout, i), state, response in zip(pairs, kept, responses, strict=True):
+        n = len(response)
+        for batch, prompt in (
+            (rollout.sampled, state.state.prompt_ids),
+            (rollout.privileged, state.privileged_prompt_ids),
+        ):
+            row = batch.input_ids[i, : int(batch.attention_mask[i].sum())].tolist()
+            assert row == prompt + response  # the sampled ids themselves, never decoded and re-encoded
+            assert batch.labels[batch.owner == i].tolist() == response
+        for hidden, prompt in (
+            (rollout.base_hidden, state.state.prompt_ids),
+            (rollout.intent_hidden, state.privileged_prompt_ids),
+        ):
+            # reference: the context alone, unpadded; the n positions predicting the response are the
+            # (n+1)-th last to the second last, counted from the right end whatever the prompt's length
+            alone = torch.tensor([prompt + response])
+            with torch.no_grad():
+                full = teacher(alone, torch.ones_like(alone))[0]
+            torch.testing.assert_close(
+                hidden[rollout.sampled.owner == i], full[-n - 1 : -1], atol=1e-5, rtol=1e-5
+            )
+    assert not any(p.requires_grad for p in teacher.parameters()) or all(
+        not r.base_hidden.requires_grad and not r.intent_hidden.requires_grad for r in rollouts
+    )
+
+
+# --- generation -------------------------------------------------------------------------------------
+
+
+def test_cut_at_eos_keeps_the_eos_and_drops_the_filler():
+    assert cut_at_eos([5, 6, 3, 0, 0], eos_ids=[3]) == [5, 6, 3]
+    assert cut_at_eos([5, 6, 7], eos_ids=[3]) == [5, 6, 7]  # ran to max_new_tokens: every token sampled
+    assert cut_at_eos([9, 4, 8], eos_ids=[4, 8]) == [9, 4]
+
+
+def test_hf_generation_samples_whole_responses_stamped_with_the_policy_version(lake, tokenizer):
+    model = tiny_model(tokenizer, seed=1)
+    prompts = [s.prompt_ids for s in lake_states(lake, tokenizer)[:3]]
+    generator = HFGenerator(model, tokenizer, SamplingSettings(max_new_tokens=12))
+    model.train()
+    torch.manual_seed(5)
+    first = generator.generate(prompts)
+    assert model.training  # back in training mode after sampling in eval mode
+    torch.manual_seed(5)
+    assert generator.generate(prompts).response_ids == first.response_ids  # the RNG state decides the samples
+    eos = tokenizer.eos_token_id
+    for response in first.response_ids:
+        assert (response[-1] == eos and eos not in response[:-1]) or (
+            len(response) == 12 and eos not in response
+        )
+        assert max(response) < len(tokenizer)  # padded vocabulary rows are never sampled
+    assert first.policy_version == 0
+    check_on_policy(first, trainer_updates=0)
+    with pytest.raises(StalePolicy, match="policy version 0, the student has had 1 updates"):
+        check_on_policy(first, trainer_updates=1)
+    generator.sync(model, 1)
+    assert generator.generate(prompts[:1]).policy_version == 1
+    check_on_policy(Generated([], 1), trainer_updates=1)
+
+
+def test_sft_raises_the_share_of_responses_that_parse(lake, tmp_path):
+    summary = run_sft(train_settings(steps=80), lake, tmp_path / "sft", progress=False)
+    trained = AutoModelForCausalLM.from_pretrained(summary.checkpoint)
+    trained_tokenizer = AutoTokenizer.from_pretrained(summary.checkpoint)
+    states = lake_states(lake, trained_tokenizer, split="test")
+    untrained = tiny_model(trained_tokenizer, seed=0)
+
+    def shares(model) -> dict[str, float]:
+        torch.manual_seed(0)
+        generated = HFGenerator(model, trained_tokenizer, SamplingSettings(max_new_tokens=40))
+        return response_shares(
+            trained_tokenizer, generated.generate([s.prompt_ids for s in states]).response_ids
+        )
+
+    # random weights put a '{' first with probability ~1/435 and never a whole JSON object
+    assert shares(untrained) == {"parse_share": 0.0, "known_action_share": 0.0}
+    after = shares(trained)
+    assert after["parse_share"] >= 0.5 and after["known_action_share"] == after["parse_share"]
