@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -248,3 +247,116 @@ def test_sft_raises_the_share_of_responses_that_parse(lake, tmp_path):
     assert shares(untrained) == {"parse_share": 0.0, "known_action_share": 0.0}
     after = shares(trained)
     assert after["parse_share"] >= 0.5 and after["known_action_share"] == after["parse_share"]
+
+
+# --- whole runs ----------------------------------------------------------------------------------
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def parameters(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(Path(checkpoint) / "model.safetensors")
+
+
+def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generates(
+    lake, sft_checkpoint, tmp_path
+):
+    # control: an LR too small to move the weights -> the held-out measurement at the end equals the one
+    # at the start (fixed sampling seed), so a drop in the trained run is the training's, not sampling noise
+    control = run_optd(
+        train_settings(steps=2, lr=1e-12),
+        optd_settings(),
+        lake,
+        tmp_path / "control",
+        sft_checkpoint,
+        progress=False,
+    )
+    baseline = control.held_out_start["objective"]
+    assert control.held_out_end["objective"] == pytest.approx(baseline, rel=1e-6)
+    summary = run_optd(
+        train_settings(steps=10, lr=3e-3),
+        optd_settings(),
+        lake,
+        tmp_path / "run",
+        sft_checkpoint,
+        progress=False,
+    )
+    assert summary.held_out_start["objective"] == pytest.approx(baseline, rel=1e-6)
+    assert summary.train_states == 20 and summary.held_out_states == 4 and summary.skipped_steps == 0
+    # three seeds of this setup end at 0.90-0.92 of the start: 0.95 leaves room
+    assert summary.held_out_end["objective"] < 0.95 * baseline
+    for evaluation in (summary.held_out_start, summary.held_out_end):
+        parts = evaluation["distillation"] + 0.1 * evaluation["grounding"]  # gamma = 0.1
+        assert evaluation["objective"] == pytest.approx(parts, rel=1e-5)
+        assert 0.0 <= evaluation["parse_share"] <= 1.0 and 0.0 < evaluation["mean_lambda"] <= 1.0
+
+    rows = metrics(tmp_path / "run")
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 11))
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 10]
+    phases = {"generate", "teacher_plain", "teacher_intent", "forward_backward", "optimizer"}
+    for row in train:
+        assert phases <= row["seconds"].keys() and row["tokens_per_s"] > 0
+        assert {"student_forward", "grounding_forward", "loss"} == row["forward_backward_detail"].keys()
+        assert row["loss"] == pytest.approx(row["distillation"] + 0.1 * row["grounding"], rel=1e-5)
+        assert 0.0 <= row["binding_share"] <= 1.0 and row["guidance_kl"] <= 0.02 + 1e-6  # epsilon bounds it
+    assert all("parse_share" in r for r in rows if r["kind"] == "eval")
+
+    folder = Path(summary.checkpoint)
+    meta = json.loads((folder / "trainer.json").read_text())
+    assert meta["stage"] == "optd" and meta["teacher"] == str(sft_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    record = load_records(lake, ["test"], ["single"])[0][0]
+    ids = torch.tensor([prompt_ids(tokenizer, record.messages())])
+    generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False)
+    text = tokenizer.decode(generated[0, ids.shape[1] :], skip_special_tokens=True)
+    assert len(text) > 0
+    before, after = parameters(sft_checkpoint), parameters(folder)
+    assert not torch.equal(
+        before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"]
+    )
+
+
+def test_resume_continues_exactly(lake, sft_checkpoint, tmp_path):
+    settings = train_settings(steps=3, lr=3e-3, checkpoint_every=1, eval_every=2)
+    whole = run_optd(settings, optd_settings(), lake, tmp_path / "whole", sft_checkpoint, progress=False)
+    first = run_optd(
+        settings, optd_settings(), lake, tmp_path / "parts", sft_checkpoint, stop_after=1, progress=False
+    )
+    assert first.steps == 1 and first.checkpoint.endswith("step-000001")
+    rest = run_optd(
+        settings, optd_settings(), lake, tmp_path / "parts", sft_checkpoint, resume=True, progress=False
+    )
+    a, b = parameters(whole.checkpoint), parameters(rest.checkpoint)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def losses(run: str) -> list[tuple]:
+        return [(r["kind"], r["step"], r.get("loss", r.get("objective"))) for r in metrics(tmp_path / run)]
+
+    assert losses("parts") == losses("whole")  # the same samples, updates and evaluations, row for row
+    with pytest.raises(ValueError, match="settings differ from the checkpoint's in optd"):
+        run_optd(settings, optd_settings(epsilon=0.05), lake, tmp_path / "parts", sft_checkpoint, resume=True)
+
+
+runner = CliRunner()
+
+
+def test_cli_trains_optd_from_an_sft_checkpoint(prefect_harness, lake, sft_checkpoint, tmp_path):
+    config = tmp_path / "train.toml"
+    config.write_text(
+        "[train]\nmodes = ['single']\nsteps = 2\nstates_per_update = 2\nmicro_batch_states = 1\n"
+        "eval_split = 'test'\nlr = 0.001\nwarmup_steps = 1\ntorch_threads = 1\n"
+        "[optd]\nmax_new_tokens = 16\nheld_out_states = 2\nchunk_size = 8\n"
+    )
+    out = tmp_path / "optd"
+    args = ["train", "--lake", str(lake), "--stage", "optd", "--out", str(out), "--config", str(config)]
+    result = runner.invoke(app, [*args, "--base", str(sft_checkpoint)])
+    assert result.exit_code == 0, result.output
+    final = out / "checkpoints" / "step-000002"
+    assert f"checkpoint: {final}" in result.output.replace("\n", "")
+    saved = json.loads((final / "trainer.json").read_text())["settings"]["optd"]
+    assert (saved["max_new_tokens"], saved["held_out_states"], saved["epsilon"]) == (16, 2, 0.02)
+    assert "parse_share" in result.output
