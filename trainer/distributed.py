@@ -106,6 +106,18 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
     raise ValueError(f"{type(module).__name__} has no 'layers' list of decoder blocks to shard")
 
 
+def gradient_sync(module: nn.Module, enabled: bool) -> None:
+    """Whether the next backward all-reduces (DDP) or reduce-scatters (FSDP2) the gradients.
+
+    Off for every micro-batch but a rank's last: each rank then syncs exactly once per update,
+    however many micro-batches its shard has (shards of an uneven update differ by one state).
+    """
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        module.require_backward_grad_sync = enabled  # what DDP's no_sync() toggles, read at forward
+    elif hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(enabled)
+
+
 def full_tensor(param: torch.Tensor) -> torch.Tensor:
     """A parameter as one whole tensor: an FSDP2 shard (DTensor) is gathered, differentiably."""
     gather = getattr(param, "full_tensor", None)

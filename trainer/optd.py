@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.data import Batch, RecordText, State, collate, prompt_ids
-from trainer.distributed import full_tensor
+from trainer.distributed import full_tensor, gradient_sync
 from trainer.loop import LossSums, PhaseTimer, split
 from trainer.objective import ObjectiveSettings, optd_loss_from_hidden
 
@@ -116,6 +116,7 @@ class Rollout:
     base_hidden: Tensor  # teacher, plain prompt, at the positions of ``sampled``
     intent_hidden: Tensor  # teacher, privileged prompt, at the positions of ``privileged``
     n_states: int
+    last: bool = True  # the update's last micro-batch on this rank: its backward syncs the gradients
 
 
 @torch.no_grad()
@@ -146,7 +147,9 @@ def build_rollouts(
         with timer.phase("teacher_intent"):
             intent_hidden = teacher_pass(teacher, privileged)
         gold = collate([s.state for s in chunk_states], pad_id).to(device)
-        rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk)))
+        rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last=False))
+    if rollouts:
+        rollouts[-1].last = True
     return rollouts
 
 
@@ -166,6 +169,7 @@ class OPTDObjective:
 
     def __call__(self, body: nn.Module, rollout: Rollout) -> LossSums:
         timer = self.timer or PhaseTimer(rollout.sampled.input_ids.device)
+        gradient_sync(body, rollout.last)
         with timer.phase("student_forward"):
             student_hidden = response_positions(body, rollout.sampled)
         with timer.phase("grounding_forward"):
