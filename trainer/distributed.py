@@ -62,6 +62,17 @@ def init_world() -> World:
     return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank)
 
 
+def check_shards(world: World, strategy: Strategy, states_per_update: int, micro_batch_states: int) -> None:
+    """Every rank needs a state; under FSDP2 (weights gathered at every forward) equal micro-batch counts."""
+    if states_per_update < world.size:
+        raise ValueError(f"{states_per_update} states per update cannot be shared by {world.size} ranks")
+    if strategy == "fsdp" and world.active and states_per_update % (world.size * micro_batch_states):
+        raise ValueError(
+            f"fsdp: states_per_update ({states_per_update}) must be a multiple of ranks x micro_batch_states "
+            f"({world.size} x {micro_batch_states}): every rank runs the same number of forward passes"
+        )
+
+
 def device_for(world: World, requested: torch.device) -> torch.device:
     """On GPU each rank takes its own device; on CPU all share the host."""
     if requested.type == "cuda" and world.active:

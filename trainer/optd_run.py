@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
 from trainer.data import StateSampler, power_law_weights
-from trainer.distributed import World, device_for, init_world, sum_over_ranks, unsharded, wrap
+from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
 from trainer.generation import Generator, HFGenerator, VLLMGenerator, check_on_policy
 from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer
 from trainer.models import check_same_vocabulary, load_pretrained
@@ -128,6 +128,7 @@ def prepare_optd(
 ) -> OPTDRun:
     """Student from ``start`` (the SFT checkpoint, or the one resumed), frozen teacher from ``sft``."""
     world = init_world()
+    check_shards(world, optd.strategy, settings.states_per_update, settings.micro_batch_states)
     base = prepare(settings, lake, out, start)
     teacher_lm, teacher_tokenizer = load_pretrained(sft)
     check_same_vocabulary(base.model, base.tokenizer, teacher_lm, teacher_tokenizer)

@@ -15,10 +15,13 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-GLOBAL_STATES = 3  # uneven over two ranks (2 + 1): the divisor must be the global count, not the local one
+RESPONSE_LENGTHS = (5, 9, 4, 6)
+# DDP: 3 states, uneven over two ranks (2 + 1): the divisor must be the global count, not the local one.
+# FSDP2 gathers weights at every forward, so every rank must run as many micro-batches: 4 states.
+STATES = {"ddp": 3, "fsdp": 4}
 
 
-def one_update(out: Path) -> dict[str, torch.Tensor]:
+def one_update(out: Path, strategy: str) -> dict[str, dict[str, torch.Tensor]]:
     """One OPTD update of a tiny student on fixed states and fixed 'sampled' responses, on this rank's shard."""
     from tests.trainer.conftest import TINY
     from tests.trainer.test_optd import lake_rows
@@ -31,7 +34,7 @@ def one_update(out: Path) -> dict[str, torch.Tensor]:
 
     torch.set_num_threads(1)
     world = init_world()
-    strategy = os.environ.get("OPTD_STRATEGY", "ddp")
+    n_states = STATES[strategy]
     rows = lake_rows()
     tokenizer = train_tokenizer([t for r in rows for t in (r["system"], r["prompt"], r["response"])], 512)
     records = [
@@ -39,11 +42,14 @@ def one_update(out: Path) -> dict[str, torch.Tensor]:
             key=str(r["record_id"]),
             **{k: r[k] for k in ("system", "prompt", "response", "action", "intent", "split")},
         )
-        for r in rows[:GLOBAL_STATES]
+        for r in rows[:n_states]
     ]
     states, _ = optd_states(encode(records, tokenizer, 10_000, 10_000)[0], tokenizer, 10_000)
     generator = torch.Generator().manual_seed(7)
-    responses = [torch.randint(4, len(tokenizer), (n,), generator=generator).tolist() for n in (5, 9, 4)]
+    responses = [
+        torch.randint(4, len(tokenizer), (n,), generator=generator).tolist()
+        for n in RESPONSE_LENGTHS[:n_states]
+    ]
     # float64: Adam's first step divides each gradient by its own size, so rounding in a gradient
     # near adam_eps would show in the weights; in float64 the summation order cannot matter at 1e-6
     torch.manual_seed(0)
@@ -61,13 +67,13 @@ def one_update(out: Path) -> dict[str, torch.Tensor]:
         world.shard(responses),
         teacher,
         tokenizer.pad_token_id,
-        2 if not world.active else 1,  # micro-batches differ too: 2+1 alone, 1+1 and 1 over the ranks
+        2 if not world.active else 1,  # the micro-batches differ too: 2 + 1 (+ 1) alone, 1 each on a rank
         cpu,
         PhaseTimer(cpu),
     )
     teacher_head = tuple(t.detach() if t is not None else None for t in teacher.head())
     objective = OPTDObjective(body.head, teacher_head, len(tokenizer), ObjectiveSettings(), chunk_size=4)
-    report = trainer.step(rollouts, objective, world.divisor(GLOBAL_STATES))
+    report = trainer.step(rollouts, objective, world.divisor(n_states))
     assert not report.skipped
     params = {name: full_tensor(p).detach().clone() for name, p in student.named_parameters()}
     if world.is_main and world.active:
@@ -77,22 +83,23 @@ def one_update(out: Path) -> dict[str, torch.Tensor]:
 
 
 def launch(strategy: str, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "OPTD_STRATEGY": strategy}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     return subprocess.run(
-        [*command, __file__, str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        [*command, __file__, str(out), strategy],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
-
-
-@pytest.fixture(scope="module")
-def single_process(tmp_path_factory) -> dict[str, torch.Tensor]:
-    return one_update(tmp_path_factory.mktemp("single") / "params.pt")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_gloo_ranks_make_the_single_process_update(strategy, single_process, tmp_path):
+def test_two_gloo_ranks_make_the_single_process_update(strategy, tmp_path):
+    single_process = one_update(tmp_path / "alone.pt", strategy)
     out = tmp_path / "params.pt"
     result = launch(strategy, out)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -105,4 +112,4 @@ def test_two_gloo_ranks_make_the_single_process_update(strategy, single_process,
 
 
 if __name__ == "__main__":
-    one_update(Path(sys.argv[1]))
+    one_update(Path(sys.argv[1]), sys.argv[2])
