@@ -130,6 +130,8 @@ def prepare_optd(
     world = init_world()
     check_shards(world, optd.strategy, settings.states_per_update, settings.micro_batch_states)
     base = prepare(settings, lake, out, start)
+    if world.rank > 0:  # each rank samples its own states with its own noise
+        torch.manual_seed(settings.seed + world.rank)
     teacher_lm, teacher_tokenizer = load_pretrained(sft)
     check_same_vocabulary(base.model, base.tokenizer, teacher_lm, teacher_tokenizer)
     teacher = HiddenStates(teacher_lm.to(base.trainer.device)).eval().requires_grad_(False)
@@ -248,14 +250,19 @@ def run_optd(
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
     run = prepare_optd(settings, optd, lake, out, base, resume_from or base)
     start = restore(run, resume_from) if resume_from else 0
-    metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
+    # one writer: the other ranks' updates are the same update, and their file would race rank 0's
+    metrics = (
+        MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
+        if run.world.is_main
+        else None
+    )
     if start == 0:
         run.meta["held_out_start"] = run.evaluate()
-        if run.world.is_main:
+        if metrics:
             metrics.write({"kind": "eval", "step": 0, **(run.meta["held_out_start"] or {})})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     train_updates(run, metrics, start, end, progress)
-    rows = metrics.rows()
+    rows = metrics.rows() if metrics else []
     evaluations = [row for row in rows if row["kind"] == "eval"]
     summary = OPTDSummary(
         checkpoint=str(run.checkpoint(end) or ""),
@@ -275,19 +282,19 @@ def run_optd(
     return summary
 
 
-def train_updates(run: OPTDRun, metrics: MetricsLog, start: int, end: int, progress: bool) -> None:
+def train_updates(run: OPTDRun, metrics: MetricsLog | None, start: int, end: int, progress: bool) -> None:
     """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints."""
-    s, main = run.base.settings, run.world.is_main
-    bar = tqdm(total=s.steps, initial=start, disable=not (progress and main), desc="optd", unit="update")
+    s = run.base.settings
+    bar = tqdm(total=s.steps, initial=start, disable=not (progress and metrics), desc="optd", unit="update")
     for step in range(start + 1, end + 1):
         report, detail = optd_update(run)
-        if main:
+        if metrics:
             metrics.write({"kind": "train", **step_row(report, detail)})
         bar.update(1)
         bar.set_postfix(loss=f"{report.loss:.4f}", lam=f"{report.parts['mean_lambda']:.3f}")
         if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
             evaluation = run.evaluate()
-            if main and evaluation is not None:
+            if metrics and evaluation is not None:
                 metrics.write({"kind": "eval", "step": step, **evaluation})
         if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
             run.checkpoint(step)
