@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -132,8 +134,10 @@ def build_rollouts(
     micro_batch_states: int,
     device: torch.device,
     timer: PhaseTimer,
+    cast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> list[Rollout]:
-    """Micro-batches of the update with both teacher passes done (frozen: eval, no grad)."""
+    """Micro-batches of the update with both teacher passes done (frozen: eval, no grad; ``cast``: the
+    trainer's autocast, so the teacher runs in the student's precision)."""
     teacher.eval()
     rollouts = []
     for chunk in split(list(zip(states, responses, strict=True)), micro_batch_states):
@@ -142,9 +146,9 @@ def build_rollouts(
         privileged = collate(after(chunk_states, chunk_responses, privileged=True), pad_id).to(device)
         if not torch.equal(plain.labels, privileged.labels):
             raise AssertionError("plain and privileged contexts must end with the same response ids")
-        with timer.phase("teacher_plain"):
+        with timer.phase("teacher_plain"), cast():
             base_hidden = teacher_pass(teacher, plain)
-        with timer.phase("teacher_intent"):
+        with timer.phase("teacher_intent"), cast():
             intent_hidden = teacher_pass(teacher, privileged)
         gold = collate([s.state for s in chunk_states], pad_id).to(device)
         rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last=False))

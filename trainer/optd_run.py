@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from trainer.checkpoint import check_resumable, latest, read_meta, restore_train
 from trainer.data import StateSampler, power_law_weights
 from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
 from trainer.generation import Generator, HFGenerator, VLLMGenerator, check_on_policy
-from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer
+from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, autocast
 from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
     HiddenStates,
@@ -75,7 +76,7 @@ class OPTDRun:
         return self.trainer.device
 
     def generate(self, states: list[OPTDState]) -> list[list[int]]:
-        with unsharded(self.student.lm):
+        with unsharded(self.student.lm), autocast(self.device, self.base.settings.bf16):
             generated = self.generator.generate([s.state.prompt_ids for s in states])
         check_on_policy(generated, self.trainer.updates)
         return generated.response_ids
@@ -83,7 +84,10 @@ class OPTDRun:
     def rollouts(self, states: list[OPTDState], responses: list[list[int]], timer: PhaseTimer):
         s = self.base.settings
         pad = self.base.tokenizer.pad_token_id
-        return build_rollouts(states, responses, self.teacher, pad, s.micro_batch_states, self.device, timer)
+        cast = partial(autocast, self.device, s.bf16)
+        return build_rollouts(
+            states, responses, self.teacher, pad, s.micro_batch_states, self.device, timer, cast
+        )
 
     def evaluate(self) -> dict[str, float] | None:
         """The objective and response shares on the held-out states, from a fixed sampling seed."""
