@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
 from trainer.data import StateSampler, power_law_weights
 from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
-from trainer.generation import Generator, HFGenerator, VLLMGenerator, check_on_policy
+from trainer.generation import Generated, Generator, HFGenerator, VLLMGenerator, check_on_policy
 from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, autocast
 from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
@@ -75,11 +75,12 @@ class OPTDRun:
     def device(self) -> torch.device:
         return self.trainer.device
 
-    def generate(self, states: list[OPTDState]) -> list[list[int]]:
+    def generate(self, states: list[OPTDState]) -> Generated:
+        """Samples from the current weights; refused if the generator's are older (zero staleness)."""
         with unsharded(self.student.lm), autocast(self.device, self.base.settings.bf16):
             generated = self.generator.generate([s.state.prompt_ids for s in states])
         check_on_policy(generated, self.trainer.updates)
-        return generated.response_ids
+        return generated
 
     def rollouts(self, states: list[OPTDState], responses: list[list[int]], timer: PhaseTimer):
         s = self.base.settings
@@ -96,7 +97,7 @@ class OPTDRun:
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.base.settings.seed + EVAL_SEED_OFFSET)
-            responses = self.generate(self.held_out)
+            responses = self.generate(self.held_out).response_ids
         rollouts = self.rollouts(self.held_out, responses, PhaseTimer(self.device))
         return objective_value(self.student, self.objective, rollouts) | response_shares(
             self.base.tokenizer, responses
@@ -196,41 +197,43 @@ def restore(run: OPTDRun, folder: Path) -> int:
     return meta["step"]
 
 
-def optd_update(run: OPTDRun) -> tuple[StepReport, dict[str, float]]:
+def optd_update(run: OPTDRun) -> tuple[StepReport, dict[str, Any]]:
     """One update: sample, score with the teacher twice, accumulate the student's loss, step.
 
-    Returns the report (loss and parts over all ranks) and the seconds of the student-side
-    phases inside ``forward_backward``."""
+    Returns the report (loss and parts over all ranks) and what the metrics row adds: the
+    samples' policy version and the seconds of the student-side phases inside ``forward_backward``."""
     timer, detail = PhaseTimer(run.device), PhaseTimer(run.device)
     global_states = run.base.settings.states_per_update
     with timer.phase("data"):
         chosen = run.world.shard([run.train_states[i] for i in run.sampler.take(global_states)])
     with timer.phase("generate"):
-        responses = run.generate(chosen)
+        generated = run.generate(chosen)
+    responses = generated.response_ids
     rollouts = run.rollouts(chosen, responses, timer)
     run.objective.timer = detail
     report = run.trainer.step(rollouts, run.objective, run.world.divisor(global_states), timer=timer)
     run.generator.sync(run.base.model, run.trainer.updates)
-    return with_global_sums(report, run, sum(len(r) for r in responses)), detail.seconds
+    extras = {
+        "policy_version": generated.policy_version,
+        "forward_backward_detail": {k: round(v, 4) for k, v in detail.seconds.items()},
+    }
+    return with_global_sums(report, run, sum(len(r) for r in responses)), extras
 
 
 def with_global_sums(report: StepReport, run: OPTDRun, sampled: int) -> StepReport:
     """The step's loss and parts over all ranks' states (each rank reported its own share)."""
     world = run.world
+    report.parts["sampled_tokens"] = float(sampled)
     if world.active:
+        # sampled tokens are a plain count: summed over ranks, then multiplied back by the division below
+        report.parts["sampled_tokens"] *= world.size
         local = {"loss": report.loss, **report.parts, "tokens": float(report.tokens)}
         # each rank's values are its sums / (global / world): summed and divided by world, the global mean
         summed = sum_over_ranks(local, world, run.device)
         report.loss = summed.pop("loss") / world.size
         report.tokens = int(summed.pop("tokens"))
         report.parts = {k: v / world.size for k, v in summed.items()}
-    report.parts["sampled_tokens"] = float(sampled)
     return report
-
-
-def step_row(report: StepReport, detail: dict[str, float]) -> dict[str, Any]:
-    """The metrics row; the student-side detail sits beside the phases, which it is part of."""
-    return {**report.as_json(), "forward_backward_detail": {k: round(v, 4) for k, v in detail.items()}}
 
 
 def run_optd(
@@ -291,9 +294,9 @@ def train_updates(run: OPTDRun, metrics: MetricsLog | None, start: int, end: int
     s = run.base.settings
     bar = tqdm(total=s.steps, initial=start, disable=not (progress and metrics), desc="optd", unit="update")
     for step in range(start + 1, end + 1):
-        report, detail = optd_update(run)
+        report, extras = optd_update(run)
         if metrics:
-            metrics.write({"kind": "train", **step_row(report, detail)})
+            metrics.write({"kind": "train", **report.as_json(), **extras})
         bar.update(1)
         bar.set_postfix(loss=f"{report.loss:.4f}", lam=f"{report.parts['mean_lambda']:.3f}")
         if (s.eval_every and step % s.eval_every == 0) or step == s.steps:

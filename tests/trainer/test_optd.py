@@ -301,6 +301,7 @@ def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generat
         assert phases <= row["seconds"].keys() and row["tokens_per_s"] > 0
         assert {"student_forward", "grounding_forward", "loss"} == row["forward_backward_detail"].keys()
         assert row["loss"] == pytest.approx(row["distillation"] + 0.1 * row["grounding"], rel=1e-5)
+        assert row["policy_version"] == row["step"] - 1  # sampled from the weights after the previous update
         assert 0.0 <= row["binding_share"] <= 1.0 and row["guidance_kl"] <= 0.02 + 1e-6  # epsilon bounds it
     assert all("parse_share" in r for r in rows if r["kind"] == "eval")
 
