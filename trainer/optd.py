@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trainer.data import Batch, RecordText, State, collate, prompt_ids
 from trainer.distributed import full_tensor, gradient_sync
 from trainer.loop import LossSums, PhaseTimer, split
-from trainer.objective import ObjectiveSettings, optd_loss_from_hidden
+from trainer.objective import ObjectiveSettings, OPTDLoss, optd_loss_from_hidden
 
 INTENT_HEADING = "## Your intent over this whole trajectory"
 
@@ -140,20 +140,20 @@ def build_rollouts(
     trainer's autocast, so the teacher runs in the student's precision)."""
     teacher.eval()
     rollouts = []
-    for chunk in split(list(zip(states, responses, strict=True)), micro_batch_states):
+    chunks = split(list(zip(states, responses, strict=True)), micro_batch_states)
+    for index, chunk in enumerate(chunks):
         chunk_states, chunk_responses = [s for s, _ in chunk], [r for _, r in chunk]
         plain = collate(after(chunk_states, chunk_responses, privileged=False), pad_id).to(device)
         privileged = collate(after(chunk_states, chunk_responses, privileged=True), pad_id).to(device)
         if not torch.equal(plain.labels, privileged.labels):
-            raise AssertionError("plain and privileged contexts must end with the same response ids")
+            raise RuntimeError("plain and privileged contexts must end with the same response ids")
         with timer.phase("teacher_plain"), cast():
             base_hidden = teacher_pass(teacher, plain)
         with timer.phase("teacher_intent"), cast():
             intent_hidden = teacher_pass(teacher, privileged)
         gold = collate([s.state for s in chunk_states], pad_id).to(device)
-        rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last=False))
-    if rollouts:
-        rollouts[-1].last = True
+        last = index == len(chunks) - 1
+        rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last))
     return rollouts
 
 
@@ -185,7 +185,7 @@ class OPTDObjective:
         tokens = rollout.sampled.n_tokens + rollout.gold.n_tokens
         return LossSums(total=loss.total * n, parts=parts, tokens=tokens)
 
-    def loss(self, student_hidden: Tensor, gold_hidden: Tensor, rollout: Rollout):
+    def loss(self, student_hidden: Tensor, gold_hidden: Tensor, rollout: Rollout) -> OPTDLoss:
         weight, bias = self.head()
         teacher_weight, teacher_bias = self.teacher_head
         return optd_loss_from_hidden(
