@@ -118,7 +118,7 @@ class OPTDRun:
                 self.trainer.optimizer,
                 self.trainer.scheduler,
                 meta,
-                b.settings.keep_checkpoints,
+                keep=b.settings.keep_checkpoints,
             )
 
 
