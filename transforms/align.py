@@ -355,7 +355,7 @@ def place_reader_rejects(rejected: pl.DataFrame, events: pl.DataFrame) -> pl.Dat
     before all of them (ties by source order) and no event that followed it in the source is kept
     before the cut, even where the source is not in time order; with none after it, it sorts last
     (the session is still cut, truncated, unless it had ended already). A row without a readable
-    ``page_view_id`` belongs to no session and never comes here (``ingest.Raw``). Rows whose action
+    ``page_view_id`` belongs to no session and never comes here (``ingest.parts.Raw``). Rows whose action
     ``action_map`` declares irrelevant (``drop``) cut nothing, as such events never do; nor do
     rows of views with no event in ``events``: there is no session to cut."""
     view = pl.col("page_view_id")
