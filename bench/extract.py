@@ -2,6 +2,7 @@
 
     python bench/extract.py                        # latency 100 ms, concurrency 1, 8, 64
     python bench/extract.py --latency 0.05 --concurrency 1,16,128 --no-record
+    python bench/extract.py --served --sessions sB1,sC   # a real model behind `transformers serve`
 
 The fake server runs in its own process (``python -m extractors.fakeserver``), so
 the CPU measured here is the client's alone. With latency L and concurrency C no
@@ -15,6 +16,14 @@ compared with. Two paths are measured:
   the answer and the leakage checker against a 60-item trajectory.
 
 Writes (or replaces) the "## extract" section of bench/RESULTS.md unless ``--no-record``.
+
+``--served [FOLDER]`` measures a real model instead: ``transformers serve`` on
+CPU serving FOLDER (default: SmolLM2-135M-Instruct, converted on first use by
+``trainer.pretrained``), and the whole openai backend (``extract_lake``) on the
+hand-built lake of the tests, cut to ``--sessions``. It reports the share of
+jobs accepted at the first answer, after a re-ask, and quarantined by reason,
+how many answers had their JSON dug out of fences or prose, and requests/s;
+the result is appended to bench/RESULTS.md as a new section.
 """
 
 from __future__ import annotations
@@ -29,7 +38,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -186,6 +197,82 @@ time per request (median). Load average (1 min) before / after: {load[0]:.1f} / 
     results.write_text(kept.rstrip("\n") + "\n" + section)
 
 
+@dataclass
+class ServedRun:
+    folder: Path
+    sessions: list[str]
+    settings: ExtractSettings
+    summary: dict[str, Any]
+    first: int  # jobs accepted at their first answer
+    reasked: int  # jobs accepted after one or more re-asks
+    wall: float
+
+    @property
+    def jobs(self) -> int:
+        return sum(c["jobs"] for c in self.summary["counts"].values())
+
+
+def bench_served(folder: Path | None, sessions: list[str], args: argparse.Namespace) -> ServedRun:
+    """``extract_lake`` against ``transformers serve FOLDER``: outcome shares, recovered answers, req/s."""
+    import polars as pl
+
+    from extractors.pipeline import extract_lake
+    from tests.extractors.tinylake import write_sessions_lake
+    from trainer.pretrained import convert_smollm2, served
+    from transforms.lake import read_table
+
+    folder = folder or convert_smollm2()
+    with tempfile.TemporaryDirectory() as tmp, served(folder, log=Path(tmp) / "serve.log") as base_url:
+        lake = write_sessions_lake(Path(tmp) / "lake", sessions)
+        settings = ExtractSettings(
+            backend="openai",
+            base_url=base_url,
+            model=str(folder),
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            max_reasks=args.max_reasks,
+            concurrency=int(args.concurrency.split(",")[0]),
+            request_timeout_s=600,
+            progress=False,
+        )
+        wall = time.perf_counter()
+        summary = extract_lake(lake, settings)
+        wall = time.perf_counter() - wall
+        attempts = pl.concat([read_table(lake, t).select("attempts") for t in ("intents", "rationales")])
+    first, reasked = int((attempts["attempts"] == 1).sum()), int((attempts["attempts"] > 1).sum())
+    return ServedRun(folder, sessions, settings, summary, first, reasked, wall)
+
+
+def served_section(run: ServedRun, command: str, load: tuple[float, float]) -> str:
+    summary, s = run.summary, run.settings
+    rows = [("ok at the first answer", run.first), ("ok after a re-ask", run.reasked)]
+    rows += [(f"quarantined: {reason}", n) for reason, n in sorted(summary["quarantine_by_reason"].items())]
+    table = "\n".join(f"| {what} | {n} | {100 * n / run.jobs:.0f} % |" for what, n in rows)
+    counts = ", ".join(f"{kind} {c['jobs']}" for kind, c in summary["counts"].items())
+    rps, tps = summary["requests"] / run.wall, summary["tokens_out"] / run.wall
+    return f"""
+## extract against `transformers serve`: SmolLM2-135M-Instruct, untrained ({time.strftime("%Y-%m-%d")})
+
+Command: `{command}`
+Machine: {machine()}; load average (1 min) before / after: {load[0]:.1f} / {load[1]:.1f}
+(the machine is shared: other processes compete for its 2 cores).
+Server: `transformers serve FOLDER --device cpu`, FOLDER the float32 conversion of `trainer.pretrained`.
+It ignores `response_format`: the answers are the model's own text. Lake: the tests' hand-built lake
+cut to sessions {", ".join(run.sessions)} (single mode); jobs: {counts}.
+Settings: temperature {s.temperature:g}, seed {s.seed}, max_tokens {s.max_tokens}, \
+max_reasks {s.max_reasks}, concurrency {s.concurrency}; a fresh response cache (0 hits).
+
+| jobs | count | share |
+|---|---|---|
+{table}
+
+{summary["answers"]} answers for {run.jobs} jobs ({summary["reasks"]} re-asks). Rejected answers by code:
+{summary["rejects"]}. Answers whose JSON object was dug out of fences or prose: {summary["recovered_json"]}.
+{summary["requests"]} requests in {run.wall:.0f} s: **{rps:.3f} requests/s**, {tps:.1f} completion tokens/s
+({summary["tokens_in"]} prompt / {summary["tokens_out"]} completion tokens).
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.1, help="simulated server latency, seconds")
@@ -193,7 +280,29 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="target duration of one run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    parser.add_argument(
+        "--served",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FOLDER",
+        help="a real model behind `transformers serve` (default: the converted SmolLM2)",
+    )
+    parser.add_argument("--sessions", default="sA,sB1,sB2,sC", help="--served: sessions of the tiny lake")
+    parser.add_argument("--max-tokens", type=int, default=48, help="--served: completion token cap")
+    parser.add_argument("--max-reasks", type=int, default=1, help="--served: re-asks before quarantine")
+    parser.add_argument("--temperature", type=float, default=0.2, help="--served: sampling temperature")
     args = parser.parse_args()
+    command = "python " + " ".join(["bench/extract.py", *sys.argv[1:]])
+    if args.served is not None:
+        before = os.getloadavg()[0]
+        run = bench_served(Path(args.served) if args.served else None, args.sessions.split(","), args)
+        section = served_section(run, command, (before, os.getloadavg()[0]))
+        print(section)
+        if not args.no_record:
+            results = ROOT / "bench" / "RESULTS.md"
+            results.write_text(results.read_text().rstrip("\n") + "\n" + section)
+        return
     levels = [int(c) for c in args.concurrency.split(",")]
     print("| path | concurrency | requests | bound | best req/s | median req/s | CPU ms/req |")
     before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
@@ -201,7 +310,7 @@ def main() -> None:
     load = (before, os.getloadavg()[0])
     print(f"load average before / after: {load[0]:.1f} / {load[1]:.1f}")
     if not args.no_record:
-        record(rows, args, "python " + " ".join(["bench/extract.py", *sys.argv[1:]]), load)
+        record(rows, args, command, load)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, Field
 
 from evaluation.rollout import Rollout
 
 Messages = list[dict[str, str]]
+T = TypeVar("T")
 
 ACTIONS_HEADING = "## Executable actions\n"
 CARD_LINE = re.compile(r"^\d+\. .* \| id (?P<item>.+)$")
@@ -24,10 +29,31 @@ REVIEW_LINE = re.compile(r"^(?P<alias>C\d+): ")
 DISTANCE_RANGE = re.compile(r'"distance": 1\.\.(?P<top>\d+)')
 
 
-class Simulator(Protocol):
-    """Answers a batch of prompts, one response text per prompt, in order."""
+@dataclass(frozen=True)
+class NoAnswer:
+    """In place of a response: the simulator could not answer this one prompt (its request failed for
+    good); that episode alone ends truncated with reason ``error``."""
 
-    def act(self, prompts: Sequence[Messages]) -> list[str]: ...
+    error: str
+
+
+class Simulator(Protocol):
+    """Answers a batch of prompts, one response text (or :class:`NoAnswer`) per prompt, in order."""
+
+    def act(self, prompts: Sequence[Messages]) -> Sequence[str | NoAnswer]: ...
+
+
+@runtime_checkable
+class ConcurrentSimulator(Simulator, Protocol):
+    """A simulator that also answers one prompt at a time, many in flight (a remote endpoint): each
+    episode then moves on as soon as its own answer is back, instead of waiting for a whole batch.
+    ``run`` runs a coroutine on the simulator's event loop and returns its result."""
+
+    concurrency: int
+
+    async def answer(self, messages: Messages) -> str | NoAnswer: ...
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T: ...
 
 
 @runtime_checkable
@@ -38,12 +64,12 @@ class StateSimulator(Protocol):
     def act_on(self, rollouts: Sequence[Rollout]) -> list[str]: ...
 
 
-def answers(simulator: Simulator, live: Sequence[Rollout]) -> list[str]:
+def answers(simulator: Simulator, live: Sequence[Rollout]) -> Sequence[str | NoAnswer]:
     """One response per live episode: from the episodes' states where the simulator reads them, else
     from their rendered prompts."""
     if isinstance(simulator, StateSimulator):
-        return list(simulator.act_on(live))
-    return list(simulator.act([r.messages() for r in live]))
+        return simulator.act_on(live)
+    return simulator.act([r.messages() for r in live])
 
 
 def executable_lines(prompt: str) -> list[str]:
@@ -90,16 +116,110 @@ def random_from_spec(argument: str) -> RandomSimulator:
     return RandomSimulator(seed=int(argument))
 
 
+class Sampling(BaseModel):
+    """How a language-model simulator samples its answers (PROTOCOL.md §3 for evaluation)."""
+
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 decodes greedily")
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(512, ge=1, description="tokens per answer at most")
+    seed: int = 42
+
+
+def checkpoint_from_spec(argument: str, sampling: Sampling) -> Simulator:
+    from evaluation.checkpoint_simulator import CheckpointSimulator  # torch is imported only when asked for
+
+    return CheckpointSimulator.from_spec(argument, sampling)
+
+
+def openai_from_spec(argument: str, sampling: Sampling) -> Simulator:
+    from evaluation.openai_simulator import OpenAISimulator
+
+    return OpenAISimulator.from_spec(argument, sampling)
+
+
+def markov_from_lake(lake: Path) -> Simulator:
+    from evaluation.markov import MarkovSimulator
+
+    return MarkovSimulator.fit(lake)
+
+
 #: spec name -> builder taking the text after "name:" ("" when there is none)
-SIMULATORS: dict[str, Callable[[str], Simulator]] = {"random": random_from_spec}
+SIMULATORS: dict[str, Callable[[str], Simulator]] = {
+    "random": random_from_spec,
+    "checkpoint": lambda argument: checkpoint_from_spec(argument, Sampling()),
+    "openai": lambda argument: openai_from_spec(argument, Sampling()),
+}
+#: spec name -> builder taking the text after "name:" and the sampling to answer with
+SAMPLED_SIMULATORS: dict[str, Callable[[str, Sampling], Simulator]] = {
+    "checkpoint": checkpoint_from_spec,
+    "openai": openai_from_spec,
+}
+#: spec name -> builder taking the lake under evaluation (a simulator fitted on its train split)
+LAKE_SIMULATORS: dict[str, Callable[[Path], Simulator]] = {"markov": markov_from_lake}
 
 
 def simulator_from_spec(spec: str) -> Simulator:
-    """The simulator a spec string names: ``random`` or ``random:SEED`` (seed 42 by default)."""
+    """The simulator a spec string names: ``random`` or ``random:SEED`` (seed 42 by default),
+    ``checkpoint:PATH``, ``openai:MODEL@BASE_URL``."""
     name, _, argument = spec.partition(":")
     if name not in SIMULATORS:
         raise ValueError(f"unknown simulator {spec!r}; known: {', '.join(sorted(SIMULATORS))}")
     return SIMULATORS[name](argument)
+
+
+def simulator_for_lake(spec: str, lake: str | Path, sampling: Sampling | None = None) -> Simulator:
+    """The simulator a spec names when evaluating ``lake``: those of LAKE_SIMULATORS (``markov``) are
+    fitted on it, language models answer with ``sampling``, the others as :func:`simulator_from_spec`
+    builds them."""
+    name, _, argument = spec.partition(":")
+    if spec in LAKE_SIMULATORS:
+        return LAKE_SIMULATORS[spec](Path(lake))
+    if name in SAMPLED_SIMULATORS:
+        return SAMPLED_SIMULATORS[name](argument, sampling or Sampling())
+    if name not in SIMULATORS:
+        known = ", ".join(sorted({*SIMULATORS, *LAKE_SIMULATORS}))
+        raise ValueError(f"unknown simulator {spec!r}; known: {known}")
+    return simulator_from_spec(spec)
+
+
+def ask(simulator: Simulator, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
+    """One output per prompt, asked in one call; a failing call (or one answering the wrong number of
+    prompts) is a :class:`NoAnswer` for each, so the failure is recorded, never raised past them."""
+    return _guarded(lambda: simulator.act(prompts), len(prompts))
+
+
+def ask_episodes(simulator: Simulator, live: Sequence[Rollout]) -> list[str | NoAnswer]:
+    """``ask`` for live episodes: from their states where the simulator reads them, else their prompts."""
+    return _guarded(lambda: answers(simulator, live), len(live))
+
+
+def _guarded(call: Callable[[], Sequence[str | NoAnswer]], expected: int) -> list[str | NoAnswer]:
+    try:
+        outputs = list(call())
+        if len(outputs) != expected:
+            raise ValueError(f"{len(outputs)} responses for {expected} prompts")
+    except Exception as error:  # the simulator's failure ends its episodes, not the evaluation
+        return [NoAnswer(f"{type(error).__name__}: {error}")] * expected
+    return outputs
+
+
+def step_all(live: Sequence[Rollout], simulator: Simulator) -> int:
+    """One round: one output for every live episode, asked in one call; returns the outputs asked.
+
+    A failing call ends every episode of the round with ``error``; an output the simulator marks as
+    :class:`NoAnswer` ends only its own episode so.
+    """
+    for rollout, output in zip(live, ask_episodes(simulator, live), strict=True):
+        deliver(rollout, output)
+    return len(live)
+
+
+def deliver(rollout: Rollout, output: str | NoAnswer) -> None:
+    """Hand one simulator output to its episode: judged and executed, or the episode ends with error."""
+    if isinstance(output, NoAnswer):
+        rollout.fail(output.error)
+    else:
+        rollout.submit(output)
 
 
 def drive(rollouts: Sequence[Rollout], simulator: Simulator) -> None:
@@ -109,14 +229,5 @@ def drive(rollouts: Sequence[Rollout], simulator: Simulator) -> None:
     """
     live = [r for r in rollouts if not r.done]
     while live:
-        try:
-            outputs = answers(simulator, live)
-            if len(outputs) != len(live):
-                raise ValueError(f"{len(outputs)} responses for {len(live)} prompts")
-        except Exception as error:  # the simulator's failure is recorded, never raised past the episode
-            for rollout in live:
-                rollout.fail(f"{type(error).__name__}: {error}")
-            return
-        for rollout, text in zip(live, outputs, strict=True):
-            rollout.submit(text)
+        step_all(live, simulator)
         live = [r for r in live if not r.done]

@@ -4,12 +4,21 @@ An answer that is not the requested JSON, or that the checker rejects, is
 re-asked with the violations listed (up to ``max_reasks`` times); then the job
 is quarantined with its reasons. A stopped client (budget, fatal HTTP status)
 leaves the job *pending*: neither kept nor quarantined, and resumable.
+
+Answers are read leniently. A server that does not enforce ``response_format``
+(``transformers serve``, many proxies) returns what the model writes: JSON inside
+code fences, prose before or after it, a second object echoing the action. When
+the answer as a whole is not the requested JSON, every top-level balanced
+``{...}`` in it is tried in order and the first that validates against the
+pydantic model is taken. Nothing is repaired or guessed: an object that is cut
+off, or of the wrong shape, is re-asked with what was wrong.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
@@ -23,6 +32,7 @@ from extractors.schemas import AnswerError, parse_answer
 M = TypeVar("M", bound=BaseModel)
 Status = Literal["ok", "quarantined", "pending"]
 FORMAT_CODES = frozenset({"invalid_json", "schema_mismatch"})
+_THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 
 
 @dataclass
@@ -91,7 +101,7 @@ async def ask_until_clean(
         prov.tokens_out += answer.tokens_out
         prov.cached = prov.cached and answer.cached
         text = answer.text
-        value, problems = _judge(text, model, check)
+        value, problems = _judge(text, model, check, client.stats)
         if not problems:
             prov.request_key = answer.key
             return Outcome("ok", value, prov, rejected, None, text)
@@ -102,13 +112,70 @@ async def ask_until_clean(
     return Outcome("quarantined", None, prov, rejected, reason_for(problems), text)
 
 
+def balanced_objects(text: str) -> Iterator[str]:
+    """Each top-level ``{...}`` span of ``text`` whose braces balance, in order.
+
+    Braces inside JSON strings (escapes honoured) do not count; an object that is
+    never closed yields nothing, and neither do the objects nested in it.
+    """
+    depth, start, in_string, escaped = 0, 0, False, False
+    for i, char in enumerate(text):
+        if depth == 0:
+            if char == "{":
+                depth, start = 1, i
+        elif in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                yield text[start : i + 1]
+
+
+def parse_lenient(text: str, model: type[M]) -> tuple[M, bool]:
+    """The answer validated against ``model``, and whether it had to be dug out of surrounding text.
+
+    Strict first (the whole answer, a fence or a leading <think> block allowed),
+    then the first balanced object that validates. Raises ``AnswerError``: the
+    shape error of the first JSON object found, or ``invalid_json`` when the
+    answer holds no complete object.
+    """
+    try:
+        return parse_answer(text, model), False
+    except AnswerError as strict:
+        error = strict
+    body = _THINK.sub("", text, count=1)
+    found = False
+    for span in balanced_objects(body):
+        found = True
+        try:
+            return parse_answer(span, model), True
+        except AnswerError as exc:
+            if error.code == "invalid_json" and exc.code == "schema_mismatch":
+                error = exc  # a JSON object of the wrong shape says more than the prose around it
+    if not found:
+        cut = "an object is opened but never closed (cut off?)" if "{" in body else "no JSON object"
+        error = AnswerError("invalid_json", f"{cut}; answer with one JSON object")
+    raise error
+
+
 def _judge(
-    text: str, model: type[M], check: Callable[[M], list[Violation]]
+    text: str, model: type[M], check: Callable[[M], list[Violation]], stats: Stats
 ) -> tuple[M | None, list[Violation]]:
     try:
-        value = parse_answer(text, model)
+        value, recovered = parse_lenient(text, model)
     except AnswerError as exc:
-        return None, [Violation(exc.code, text[:80], exc.detail)]
+        # the re-ask shows ``match`` to the model: say what is wrong, not the answer it wrote
+        return None, [Violation(exc.code, exc.detail, text[:80])]
+    stats.recovered_json += recovered
     return value, check(value)
 
 

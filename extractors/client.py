@@ -79,6 +79,7 @@ class Stats:
     cost_usd: float = 0.0
     rejects: Counter[str] = field(default_factory=Counter)  # violation codes of rejected answers
     reasks: int = 0
+    recovered_json: int = 0  # answers whose JSON object was found inside fences or prose
     format_fallbacks: int = 0
     stopped: str | None = None
 
@@ -94,6 +95,7 @@ class Stats:
             "cost_usd": round(self.cost_usd, 6),
             "rejects": dict(sorted(self.rejects.items())),
             "reasks": self.reasks,
+            "recovered_json": self.recovered_json,
             "format_fallbacks": self.format_fallbacks,
             "stopped": self.stopped,
         }

@@ -525,6 +525,7 @@ def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_in",
         "tokens_out",
         "reasks",
+        "recovered_json",
         "format_fallbacks",
     ):
         total[key] = sum(p[key] for p in parts)

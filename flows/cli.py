@@ -24,15 +24,18 @@ app = typer.Typer(
 console = Console()
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        help="TOML settings file; each command reads its own section: ingest, records, extract",
-        exists=True,
-        dir_okay=False,
-    ),
-]
+
+
+def config_option(*sections: str) -> object:
+    """``--config``, naming the TOML sections the command reads (escaped: Rich would read ``[ingest]``
+    as markup and print nothing in its place)."""
+    named = " ".join(f"\\[{section}]" for section in sections)
+    return typer.Option("--config", help=f"TOML file with {named} settings", exists=True, dir_okay=False)
+
+
+IngestConfig = Annotated[Path | None, config_option("ingest")]
+RecordsConfig = Annotated[Path | None, config_option("records")]
+RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract")]
 
 
 def stopped(err: Exception) -> typer.Exit:
@@ -68,7 +71,7 @@ def synth(
 def ingest(
     raw: Annotated[Path, typer.Argument(help="raw log bundle folder, or UserArena JSONL", exists=True)],
     lake: LakeOption = Path("sample/lake"),
-    config: ConfigOption = None,
+    config: IngestConfig = None,
     buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
     source_format: Annotated[
@@ -111,7 +114,7 @@ def chain(lake: LakeOption = Path("sample/lake")) -> None:
 @app.command()
 def records(
     lake: LakeOption = Path("sample/lake"),
-    config: ConfigOption = None,
+    config: RecordsConfig = None,
     mode: Annotated[str, typer.Option("--mode", help="single | cross | both")] = "both",
     window_single: Annotated[
         int | None, typer.Option("--window-single", help="past steps shown, single mode (10)")
@@ -167,6 +170,15 @@ def _register_extract() -> None:
 _register_extract()
 
 
+def _register_train() -> None:
+    from flows.train import train_command
+
+    app.command(name="train")(train_command)
+
+
+_register_train()
+
+
 @app.command()
 def validate(
     lake: LakeOption = Path("sample/lake"),
@@ -217,7 +229,7 @@ def run(
     ),
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
-    config: ConfigOption = None,
+    config: RunConfig = None,
 ) -> None:
     """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow
     (ingest, chain, records, offline extraction, every stage validated)."""
@@ -277,6 +289,47 @@ def score(
         score_command(real, sim, replay, split)
     except TraceFormatError as err:
         raise stopped(err) from None
+
+
+@app.command()
+def evaluate(
+    lake: LakeOption,
+    simulator: Annotated[
+        list[str],
+        typer.Option(
+            "--simulator",
+            help="simulator spec, repeatable: world, markov, random[:SEED], checkpoint:PATH, "
+            "openai:MODEL@BASE_URL",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="folder for the traces, report.json and report.html")],
+    split: Annotated[str, typer.Option("--split", help="sessions evaluated: train | val | test")] = "test",
+    sessions: Annotated[
+        int | None, typer.Option("--sessions", min=1, help="evaluate only the first N sessions")
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="language models")] = 512,
+    temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0)] = 0.95,
+    seed: Annotated[int, typer.Option("--seed")] = 42,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="sessions stepped together")] = 64,
+    effect: Annotated[
+        bool, typer.Option("--effect/--no-effect", help="A/B effect fidelity (lakes generated from a world)")
+    ] = True,
+    effect_users: Annotated[
+        int | None, typer.Option("--effect-users", min=2, help="held-out users in the A/B test (all)")
+    ] = None,
+) -> None:
+    """Roll out and replay each simulator on the lake's sessions, score them against the real ones, and
+    write report.json and report.html (a killed run resumes from its traces)."""
+    from flows.evaluate import evaluate_flow
+
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    try:
+        result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
+                               sampling, batch_size, effect, effect_users)  # fmt: skip
+    except ValueError as err:
+        raise stopped(err) from None
+    console.print(f"[bold]report:[/bold] {result['html']}   [bold]figures:[/bold] {result['json']}")
 
 
 @app.command()

@@ -23,3 +23,14 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as a Hugging Face folder, converted once per machine and reused after."""
+    from trainer.pretrained import ModelUnavailable, convert_smollm2
+
+    try:
+        return convert_smollm2()
+    except ModelUnavailable as exc:  # scripts/setup.sh installs what it needs
+        pytest.skip(str(exc))

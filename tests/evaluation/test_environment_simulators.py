@@ -86,7 +86,7 @@ def test_simulators_are_named_by_spec():
     prompt = Rollout(session()).messages()
     assert simulator_from_spec("random:5").act([prompt]) == RandomSimulator(seed=5).act([prompt])
     assert simulator_from_spec("random").act([prompt]) == RandomSimulator(seed=42).act([prompt])
-    with pytest.raises(ValueError, match="unknown simulator 'oracle'; known: random"):
+    with pytest.raises(ValueError, match="unknown simulator 'oracle'; known: checkpoint, openai, random"):
         simulator_from_spec("oracle")
     with pytest.raises(ValueError, match="whole-number seed"):
         simulator_from_spec("random:abc")

@@ -185,6 +185,19 @@ def records_frame() -> pl.DataFrame:
     return pl.DataFrame(rows, schema=pl.from_arrow(RECORDS.empty_table()).schema)
 
 
+def write_sessions_lake(path: Path, sessions: list[str]) -> Path:
+    """The tiny lake cut down to some of its sessions (short names, e.g. ``["sB1"]``), single mode only.
+
+    Each train session gives 1 intent job, each action 1 rationale job: ``["sB1"]``
+    is 1 + 4 jobs, ``["sB1", "sC"]`` 1 + 7 (sC is in the val split: no intent).
+    """
+    kept = pl.col("session_id").is_in([SESSION[s] for s in sessions])
+    write_table(path, "steps", steps_frame().filter(kept))
+    write_table(path, "items", items_frame())
+    write_table(path, "records", records_frame().filter(kept & (pl.col("mode") == "single")))
+    return path
+
+
 def write_tiny_lake(path: Path) -> TinyLake:
     write_table(path, "steps", steps_frame())
     write_table(path, "items", items_frame())

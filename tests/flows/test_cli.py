@@ -111,6 +111,6 @@ def test_sql_rejects_an_unknown_format(lake):
 
 
 def test_config_help_names_its_section():
-    for command, section in (("ingest", "[ingest]"), ("extract", "[extract]")):
+    for command, section in (("ingest", "[ingest]"), ("records", "[records]"), ("extract", "[extract]")):
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0 and f"TOML file with {section} settings" in result.output, command

@@ -33,8 +33,13 @@ def test_prefect_yaml_entrypoints_exist():
 def test_served_names_never_overwrite_the_work_pool_deployments():
     # a deployment is identified by (flow, name): serving must not reuse a name prefect.yaml declares
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    flow_of = {"flows/pipeline.py:pipeline_flow": "pipeline", "flows/validate.py:validate_flow": "validate"}
+    flow_of = {
+        "flows/pipeline.py:pipeline_flow": "pipeline",
+        "flows/validate.py:validate_flow": "validate",
+        "flows/train.py:train_flow": "train",
+    }
     declared = {(flow_of[d["entrypoint"]], d["name"]) for d in spec["deployments"]}
     served = {(d.flow_name, d.name) for d in deployments("/logs", "/lake")}
-    assert {flow for flow, _ in served} == {flow for flow, _ in declared} == {"pipeline", "validate"}
+    assert {flow for flow, _ in served} == {"pipeline", "validate"}
+    assert {flow for flow, _ in declared} == {"pipeline", "validate", "train"}
     assert served.isdisjoint(declared)

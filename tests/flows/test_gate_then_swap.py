@@ -60,9 +60,11 @@ def test_a_run_that_loses_every_event_stops_and_leaves_the_previous_lake(good_la
     result = runner.invoke(app, ["ingest", str(raw), "--lake", str(lake)], env={"COLUMNS": "400"})
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
-    # 9 events in, none kept, all 9 quarantined as unknown_action
+    # 9 events of one session in, none kept: the first unknown action cuts the session before its
+    # first step, so it is quarantined as unknown_action and the 8 after it as after_rejected_event
     assert "table 'events' failed expectation 'rows_kept'" in text
-    assert "on 9 of 9 rows" in text and "reason=unknown_action, rows=9" in text
+    assert "on 9 of 9 rows" in text
+    assert "reason=after_rejected_event, rows=8" in text and "reason=unknown_action, rows=1" in text
     assert "Traceback" not in result.output
     assert lake_files(lake) == before
     assert not any((lake / STAGING).iterdir()), "the staged tables are gone"

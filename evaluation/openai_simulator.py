@@ -1,0 +1,160 @@
+"""The ``openai:MODEL@BASE_URL`` simulator: any OpenAI-compatible endpoint (a vLLM server, a hosted API).
+
+A batch of prompts is sent concurrently, at most ``concurrency`` requests in flight, through the
+extraction stage's client (``extractors.client.LLMClient``): the same timeouts, retries with backoff
+on 429/5xx/timeouts/dropped connections, and key handling (the key is read from the environment
+variable named by ``api_key_env`` and handed to the SDK only; it is never printed, logged or written
+to a trace or manifest). A request that fails for good becomes a ``NoAnswer``: that episode ends
+truncated with reason ``error`` and the others go on.
+
+No ``response_format`` is sent: the evaluation measures whether the model itself answers in the
+protocol's format (L0), which constrained decoding would hide. The client runs on an event loop of
+its own thread, so its connections are kept from one batch to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field
+
+from evaluation.simulators import Messages, NoAnswer, Sampling
+from extractors.client import ExtractionStopped, LLMClient, RequestFailed
+from extractors.config import ExtractSettings
+from extractors.prompts import PromptTemplate
+
+# the client names its requests after a template; the simulator's prompts are rendered by the environment
+T = TypeVar("T")
+SIMULATOR_TEMPLATE = PromptTemplate(name="simulator", version="protocol-2", system="", user="", schema={})
+
+
+class OpenAISimulatorSettings(BaseModel):
+    """Sampling (PROTOCOL.md §3) and traffic of the ``openai:`` simulator."""
+
+    model: str
+    base_url: str
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_tokens: int = Field(512, ge=1, description="new tokens per answer")
+    seed: int | None = Field(42, description="sampling seed sent with every request")
+    concurrency: int = Field(64, ge=1, le=4096, description="requests in flight at once")
+    request_timeout_s: float = Field(120.0, gt=0)
+    max_attempts: int = Field(6, ge=1, description="HTTP attempts per request")
+    backoff_base_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0)
+    api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
+
+    @classmethod
+    def from_spec(
+        cls, argument: str, sampling: Sampling | None = None, **traffic: Any
+    ) -> OpenAISimulatorSettings:
+        model, at, base_url = argument.partition("@")
+        if not (model and at and base_url):
+            raise ValueError(f"openai:MODEL@BASE_URL needs a model and a base URL, not {argument!r}")
+        s = sampling or Sampling()
+        return cls(
+            model=model,
+            base_url=base_url,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_new_tokens,
+            seed=s.seed,
+            **traffic,
+        )
+
+    def client_settings(self) -> ExtractSettings:
+        return ExtractSettings(
+            backend="openai",
+            base_url=self.base_url,
+            model=self.model,
+            api_key_env=self.api_key_env,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            seed=self.seed,
+            concurrency=self.concurrency,
+            request_timeout_s=self.request_timeout_s,
+            max_attempts=self.max_attempts,
+            backoff_base_s=self.backoff_base_s,
+            backoff_max_s=self.backoff_max_s,
+            cache=False,
+            progress=False,
+        )
+
+    def sampling(self) -> dict[str, Any]:
+        """What decides an answer, for the run manifest (the key's variable name, never the key)."""
+        return self.model_dump(include={"model", "base_url", "temperature", "top_p", "max_tokens", "seed"})
+
+
+class SimulatorClient(LLMClient):
+    """The extraction client sending the simulator's sampling: top-p, and no response format."""
+
+    def __init__(self, settings: ExtractSettings, top_p: float) -> None:
+        super().__init__(settings, cache=None)
+        self.top_p = top_p
+
+    def _body(self, template: PromptTemplate, messages: list[Any]) -> dict[str, Any]:
+        body = super()._body(template, messages)
+        body.pop("response_format")
+        return body | {"top_p": self.top_p}
+
+
+class OpenAISimulator:
+    """Prompts answered by an OpenAI-compatible endpoint, a batch at a time, concurrently."""
+
+    def __init__(self, settings: OpenAISimulatorSettings) -> None:
+        self.settings = settings
+        self.parameters = {"spec": f"openai:{settings.model}@{settings.base_url}", **settings.sampling()}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="openai-simulator", daemon=True)
+        self._thread.start()
+        self.client = self.run(self._client())
+
+    @classmethod
+    def from_spec(cls, argument: str, sampling: Sampling | None = None, **traffic: Any) -> OpenAISimulator:
+        return cls(OpenAISimulatorSettings.from_spec(argument, sampling, **traffic))
+
+    async def _client(self) -> SimulatorClient:
+        return SimulatorClient(self.settings.client_settings(), self.settings.top_p)
+
+    @property
+    def concurrency(self) -> int:
+        return self.settings.concurrency
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the client's event loop (its own thread) and return its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Requests, retries by kind and tokens so far (the extraction client's counters)."""
+        return self.client.stats.as_dict()
+
+    def act(self, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
+        return self.run(self._answers(prompts))
+
+    async def _answers(self, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
+        return list(await asyncio.gather(*(self.answer(messages) for messages in prompts)))
+
+    async def answer(self, messages: Messages) -> str | NoAnswer:
+        """One answer (waits for a free slot of the concurrency limit)."""
+        try:
+            return (await self.client.complete(SIMULATOR_TEMPLATE, list(messages))).text
+        except (RequestFailed, ExtractionStopped) as error:
+            return NoAnswer(f"{type(error).__name__}: {error}")
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self.run(self.client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> OpenAISimulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

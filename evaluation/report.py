@@ -1,0 +1,355 @@
+"""The evaluation report: ``report.json`` (every figure of every simulator) and a self-contained
+``report.html`` a person reads (matplotlib figures embedded as PNG, the comparison tables in the shape
+of the paper's Table 2 and Table 3).
+
+The report holds, per simulator, exactly the figures ``trajforge score`` prints plus the A/B effect
+(``EFFECT_KEYS``, null where no effect was estimated). The plots are drawn from the trace files
+themselves: action mix, session lengths and decision mix per source; the funnel and cohort fidelity
+come from the scored figures.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from evaluation.metrics import DECISIONS, Side
+from evaluation.traces import load_traces
+from transforms.schemas import ACTIONS
+
+EFFECT_KEYS: tuple[str, ...] = ("effect_ratio", "effect_error", "effect_ci")
+HIGHER, LOWER = "↑", "↓"
+#: Table 2 of the paper: (level, figure, direction)
+TABLE2: tuple[tuple[str, str, str], ...] = (
+    ("L0", "RVA", HIGHER),
+    ("L0", "OVA", HIGHER),
+    ("L1", "F1", HIGHER),
+    ("L1", "Acc", HIGHER),
+    ("L2", "DM-JSD", LOWER),
+    ("L2", "TE", LOWER),
+    ("L3", "PF", HIGHER),
+    ("L4", "dCTR", LOWER),
+    ("L4", "dACR", LOWER),
+    ("L4", "T-JSD", LOWER),
+)
+LEVELS = ("L0", "L1", "L2", "L3", "L4")
+FUNNEL_STAGES = (
+    ("click_share", "clicked"),
+    ("detail_page_share", "opened a detail page"),
+    ("cart_share", "carted"),
+    ("buy_share", "bought"),
+)
+REAL = "real"
+LONGEST_SHOWN = 45  # session lengths above this are drawn in the last bin
+
+
+def figure_text(key: str, value: object) -> str:
+    """A figure as the tables print it: 4 decimals (TE 2), a dash where there is none."""
+    if value is None:
+        return "–"
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return f"{value:.2f}" if key == "TE" else f"{value:.4f}"
+    return str(value)
+
+
+def ci_text(ci: object) -> str:
+    if not ci:
+        return "–"
+    low, high = ci  # type: ignore[misc]
+    return f"[{low:.4f}, {high:.4f}]"
+
+
+# --- what the plots show ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Distributions:
+    """One source's shares: executed actions (over the 13), session lengths, visit decisions."""
+
+    actions: np.ndarray
+    lengths: np.ndarray
+    decisions: np.ndarray
+
+    @classmethod
+    def of(cls, traces: str | Path) -> Distributions:
+        side = Side.of(load_traces(traces))
+        action_counts = side.steps.group_by("action").len()
+        decision_counts = side.visits.group_by("decision").len()
+        return cls(
+            actions=_shares(action_counts, "action", ACTIONS),
+            lengths=side.sessions["length"].to_numpy(),
+            decisions=_shares(decision_counts, "decision", DECISIONS),
+        )
+
+
+def _shares(counts: pl.DataFrame, column: str, support: tuple[str, ...]) -> np.ndarray:
+    found = dict(counts.iter_rows())
+    values = np.array([found.get(name, 0) for name in support], dtype=float)
+    return values / values.sum() if values.sum() else values
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def canvas(width: float, height: float) -> tuple[Figure, Axes]:
+    """A figure drawn off screen (no pyplot, so no display backend and no global figure state)."""
+    figure = Figure(figsize=(width, height))
+    return figure, figure.subplots()
+
+
+def png(figure: Figure) -> str:
+    """The figure as a base64 PNG."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def colours(sources: list[str]) -> dict[str, str]:
+    palette = colormaps["tab10"].colors
+    sims = [s for s in sources if s != REAL]
+    return {REAL: "#333333", **{s: to_hex(palette[i % 10]) for i, s in enumerate(sims)}}
+
+
+def grouped_bars(
+    labels: tuple[str, ...] | list[str],
+    values: Mapping[str, np.ndarray],
+    *,
+    title: str,
+    ylabel: str,
+    horizontal: bool = False,
+) -> str:
+    sources = list(values)
+    colour = colours(sources)
+    width = 0.8 / len(sources)
+    positions = np.arange(len(labels))
+    figure, axes = canvas(10, 6.5 if horizontal else 4.5)
+    for i, source in enumerate(sources):
+        offset = positions - 0.4 + width * (i + 0.5)
+        draw = axes.barh if horizontal else axes.bar
+        draw(offset, values[source], width, label=source, color=colour[source])
+    if horizontal:
+        axes.set_yticks(positions, labels)
+        axes.invert_yaxis()
+        axes.set_xlabel(ylabel)
+    else:
+        axes.set_xticks(positions, labels)
+        axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.legend()
+    axes.grid(axis="x" if horizontal else "y", alpha=0.3)
+    return png(figure)
+
+
+def action_mix_figure(dists: Mapping[str, Distributions]) -> str:
+    shares = {source: d.actions for source, d in dists.items()}
+    return grouped_bars(
+        ACTIONS, shares, title="Action mix: share of executed actions", ylabel="share", horizontal=True
+    )
+
+
+def length_figure(dists: Mapping[str, Distributions]) -> str:
+    colour = colours(list(dists))
+    bins = np.arange(-0.5, LONGEST_SHOWN + 1.5)  # from 0: an episode may end before any executed action
+    figure, axes = canvas(10, 4.5)
+    for source, d in dists.items():
+        lengths = np.minimum(d.lengths, LONGEST_SHOWN)
+        weights = np.full(len(lengths), 1 / len(lengths)) if len(lengths) else None
+        mean = f"mean {d.lengths.mean():.2f}" if len(d.lengths) else "no sessions"
+        axes.hist(lengths, bins, weights=weights, histtype="step", linewidth=2, color=colour[source],
+                  label=f"{source} ({mean})")  # fmt: skip
+    axes.set_xlabel(f"executed actions per session (≥ {LONGEST_SHOWN} in the last bin)")
+    axes.set_ylabel("share of sessions")
+    axes.set_title("Session length distribution")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    return png(figure)
+
+
+def decision_figure(dists: Mapping[str, Distributions]) -> str:
+    shares = {source: d.decisions for source, d in dists.items()}
+    return grouped_bars(
+        DECISIONS, shares, title="Decision mix: how detail-page visits end", ylabel="share of visits"
+    )
+
+
+def funnel_figure(simulators: Mapping[str, Mapping[str, Any]]) -> str:
+    first = next(iter(simulators.values()))
+    funnels = {REAL: first["funnel"]["real"], **{spec: f["funnel"]["sim"] for spec, f in simulators.items()}}
+    shares = {source: np.array([f[key] for key, _ in FUNNEL_STAGES]) for source, f in funnels.items()}
+    labels = [label for _, label in FUNNEL_STAGES]
+    return grouped_bars(labels, shares, title="Funnel: share of sessions that …", ylabel="share of sessions")
+
+
+def cohort_figure(simulators: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per cohort, each simulator's fidelity; a cohort under the size rule is drawn pale."""
+    first = next(iter(simulators.values()))["cohorts"]
+    labels = [(scheme, label) for scheme, entry in first.items() for label in entry["cohorts"]]
+    colour = colours([REAL, *simulators])
+    width = 0.8 / len(simulators)
+    figure, axes = canvas(11, 4.8)
+    handles: list[Patch] = []
+    for i, (spec, figures) in enumerate(simulators.items()):
+        cohorts = [figures["cohorts"][scheme]["cohorts"][label] for scheme, label in labels]
+        heights = [c.get("fidelity", 0.0) for c in cohorts]
+        alphas = [1.0 if c.get("counted") else 0.3 for c in cohorts]
+        offsets = np.arange(len(labels)) - 0.4 + width * (i + 0.5)
+        for x, height, alpha in zip(offsets, heights, alphas, strict=True):
+            axes.bar(x, height, width, color=colour[spec], alpha=alpha)
+        key = Patch(color=colour[spec], label=f"{spec} (PF {figure_text('PF', figures['PF'])})")
+        handles.append(key)
+    names = [f"{scheme.replace('_', ' ')}:\n{label.replace('_', ' ')}" for scheme, label in labels]
+    axes.set_xticks(np.arange(len(labels)), names, fontsize=8, rotation=30, ha="right")
+    axes.set_ylim(0, 1)
+    axes.set_ylabel("fidelity (1 − mean block distance)")
+    axes.set_title("Cohort fidelity (pale: fewer than 30 sessions on a side, not counted in PF)")
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1))
+    axes.grid(axis="y", alpha=0.3)
+    return png(figure)
+
+
+def effect_figure(simulators: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Each simulator's effect ratio with its 95 % interval; None when no simulator has one."""
+    estimated = {s: f for s, f in simulators.items() if f.get("effect_ratio") is not None}
+    if not estimated:
+        return None
+    colour = colours([REAL, *estimated])
+    figure, axes = canvas(10, 0.8 + 0.7 * len(estimated))
+    for row, (spec, f) in enumerate(estimated.items()):
+        low, high = f["effect_ci"] or (f["effect_ratio"], f["effect_ratio"])
+        error = [[f["effect_ratio"] - low], [high - f["effect_ratio"]]]
+        axes.errorbar(f["effect_ratio"], row, xerr=error, fmt="o", capsize=6, color=colour[spec])
+    axes.axvline(1.0, color="#333333", linestyle="--", label="true effect (ratio 1)")
+    axes.set_yticks(range(len(estimated)), list(estimated))
+    axes.invert_yaxis()  # in the order of the tables
+    axes.set_xlabel("effect ratio: simulated Δ PV-CTR / true Δ PV-CTR (95 % interval)")
+    axes.set_title("A/B effect fidelity")
+    axes.legend()
+    axes.grid(axis="x", alpha=0.3)
+    return png(figure)
+
+
+# --- tables -------------------------------------------------------------------------------------
+
+
+def table2_rows(simulators: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    return [[spec, *(figure_text(key, f.get(key)) for _, key, _ in TABLE2)] for spec, f in simulators.items()]
+
+
+def table3_rows(simulators: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    return [
+        [
+            spec,
+            figure_text("effect_ratio", f.get("effect_ratio")),
+            figure_text("effect_error", f.get("effect_error")),
+            ci_text(f.get("effect_ci")),
+        ]
+        for spec, f in simulators.items()
+    ]
+
+
+def comparison_markdown(simulators: Mapping[str, Mapping[str, Any]], html_path: str | Path) -> str:
+    """Table 2 as markdown, with where the full report is (the Prefect artifact)."""
+    head = "| simulator | " + " | ".join(f"{level} {key} {arrow}" for level, key, arrow in TABLE2) + " |"
+    rule = "|---" * (len(TABLE2) + 1) + "|"
+    rows = ["| " + " | ".join(row) + " |" for row in table2_rows(simulators)]
+    effect = ["| simulator | effect ratio | effect error ↓ | 95 % interval |", "|---|---|---|---|"]
+    effect += ["| " + " | ".join(row) + " |" for row in table3_rows(simulators)]
+    return "\n".join(
+        ["# Evaluation", head, rule, *rows, "", *effect, "", f"Full report: `{Path(html_path).resolve()}`"]
+    )
+
+
+def _html_table(head: list[str], rows: list[list[str]], header_rows: str = "") -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead>{header_rows}<tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def table2_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
+    spans = "".join(
+        f'<th colspan="{sum(level == lvl for lvl, _, _ in TABLE2)}">{level}</th>' for level in LEVELS
+    )
+    levels = f"<tr><th></th>{spans}</tr>"
+    head = ["simulator", *(f"{key} {arrow}" for _, key, arrow in TABLE2)]
+    return _html_table(head, table2_rows(simulators), levels)
+
+
+def table3_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
+    head = ["simulator", "effect ratio (1 is perfect)", f"effect error {LOWER}", "95 % interval"]
+    return _html_table(head, table3_rows(simulators))
+
+
+STYLE = """
+body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
+th, td { border: 1px solid #bbb; padding: 4px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+thead th { background: #eee; }
+img { max-width: 100%; display: block; margin: 0.5em 0 1.5em; }
+p.note { color: #555; }
+"""
+
+
+def render_html(report: Mapping[str, Any], dists: Mapping[str, Distributions]) -> str:
+    """The whole report page: tables, then one figure per section, every image inline."""
+    simulators = report["simulators"]
+    real = report["real"]
+    sections = [
+        ("Action mix", action_mix_figure(dists)),
+        ("Session lengths", length_figure(dists)),
+        ("Decision mix", decision_figure(dists)),
+        ("Funnel", funnel_figure(simulators)),
+        ("Cohort fidelity", cohort_figure(simulators)),
+    ]
+    effect = effect_figure(simulators)
+    parts = [
+        f"<h1>Simulator evaluation: {html.escape(str(report['lake']))}</h1>",
+        f"<p>Split: {html.escape(report['split'])}.</p>",
+        f"<p>{real['sessions']} real sessions; cut sessions left out: "
+        f"{html.escape(json.dumps(real['cut_sessions_left_out']))}. Directions: {HIGHER} higher is better, "
+        f"{LOWER} lower is better; 4 decimals, TE 2.</p>",
+        "<h2>Comparison (Table 2)</h2>",
+        table2_html(simulators),
+        "<h2>A/B effect fidelity (Table 3)</h2>",
+        table3_html(simulators),
+    ]
+    for title, image in sections:
+        parts += [f"<h2>{title}</h2>", f'<img alt="{title}" src="data:image/png;base64,{image}">']
+    parts.append("<h2>A/B effect ratio</h2>")
+    if effect is None:
+        parts.append('<p class="note">No simulator has an A/B effect estimate in this evaluation.</p>')
+    else:
+        parts.append(f'<img alt="A/B effect ratio" src="data:image/png;base64,{effect}">')
+    body = "\n".join(parts)
+    return f'<!doctype html><html><head><meta charset="utf-8"><title>Simulator evaluation</title>' \
+        f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"  # fmt: skip
+
+
+def write_report(
+    out: str | Path, report: Mapping[str, Any], traces: Mapping[str, str | Path]
+) -> dict[str, str]:
+    """Write ``report.json`` and ``report.html`` under ``out``; ``traces`` maps each source (``real``
+    and every simulator spec) to its rollout trace file. Returns both paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = out / "report.json", out / "report.html"
+    json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    dists = {source: Distributions.of(path) for source, path in traces.items()}
+    html_path.write_text(render_html(report, dists), encoding="utf-8")
+    return {"json": str(json_path), "html": str(html_path)}

@@ -1,0 +1,166 @@
+"""The evaluate flow: real traces from the lake, then per simulator a rollout and a replay, scored, and
+the report (``report.json``, ``report.html``, a Prefect artifact) over all of them.
+
+Every task takes paths and small settings and returns paths and small summaries; the traces stay on
+disk under the output folder, so a killed evaluation run again with the same arguments resumes where
+it stopped (the engine skips the sessions its trace files already hold).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from evaluation.engine import DEFAULT_BATCH, replay, roll_out
+from evaluation.environment import EnvironmentSettings
+from evaluation.loader import load_sessions
+from evaluation.report import EFFECT_KEYS, comparison_markdown, write_report
+from evaluation.simulators import LAKE_SIMULATORS, Sampling, StateSimulator, simulator_for_lake
+from flows.ingest import world_path
+from flows.score import export_real_traces, score_files
+from flows.world import effect_for_lake, held_out_users, world_from_lake
+
+# the synthetic world's shoppers are wired in here: evaluation/ never imports synthetic/
+LAKE_SIMULATORS["world"] = world_from_lake
+
+REAL_TRACES = "real.jsonl"
+
+
+def no_effect(lake: str, spec: str, out: str) -> dict[str, object]:
+    """No A/B effect estimate: effect_ratio, effect_error and effect_ci stay null."""
+    return dict.fromkeys(EFFECT_KEYS)
+
+
+def world_effect(lake: str, spec: str, split: str, users: int | None) -> dict[str, object]:
+    """The A/B effect fidelity of ``spec`` on a lake generated from a world (the first ``users`` held-out
+    users split in halves under the two ranking policies); null figures for a lake of real logs, whose
+    true effect no one knows."""
+    if not world_path(lake).is_file():
+        return no_effect(lake, spec, "")
+    held_out = held_out_users(lake, split)
+    world = world_from_lake(lake)
+    # the world as the simulator must be the world that plays the arms: it learns each arm's sessions
+    simulator = world if spec == "world" else simulator_for_lake(spec, lake)
+    chosen = held_out[:users] if users else held_out
+    result = effect_for_lake(lake, simulator, world, split=split, users=chosen)
+    return {key: result.as_dict()[key] for key in EFFECT_KEYS}
+
+
+def trace_name(spec: str) -> str:
+    """A file-name stem for a spec: its readable characters, and a hash so two specs never share one."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", spec).strip("_")[:60]
+    return f"{readable}-{hashlib.sha256(spec.encode()).hexdigest()[:8]}"
+
+
+def evaluated_ids(lake: str, split: str, sessions: int | None) -> list[str]:
+    """The sessions of ``split`` rolled out: uncut ones (a cut session is no whole-session reference),
+    the first ``sessions`` of them by id when a number is given."""
+    found = load_sessions(lake, split=split)
+    ids = [s.session_id for s in found if s.cut_reason is None]
+    return ids[:sessions] if sessions is not None else ids
+
+
+def keep_sessions(path: Path, session_ids: list[str]) -> int:
+    """Rewrite a trace file with only the lines of ``session_ids``; returns the lines kept."""
+    wanted = set(session_ids)
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line)["session_id"] in wanted]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    return len(kept)
+
+
+@task(name="export-real-traces", cache_policy=NO_CACHE)
+def real_traces(lake: str, out: str, split: str, session_ids: list[str]) -> dict[str, Any]:
+    path = Path(out) / REAL_TRACES
+    exported = export_real_traces(lake, path, [split])
+    return {**exported, "path": str(path), "sessions": keep_sessions(path, session_ids)}
+
+
+@task(name="simulate", cache_policy=NO_CACHE)
+def simulate(
+    lake: str, spec: str, out: str, session_ids: list[str], sampling: dict[str, Any], batch_size: int
+) -> dict[str, Any]:
+    """Rollout and replay traces of one simulator over the chosen sessions (resuming what is there)."""
+    settings = EnvironmentSettings()
+    sessions = load_sessions(lake, session_ids, settings=settings)
+    simulator = simulator_for_lake(spec, lake, Sampling(**sampling))
+    stem = Path(out) / trace_name(spec)
+    try:
+        rollout = roll_out(sessions, simulator, f"{stem}.rollout.jsonl", source=spec,
+                           settings=settings, batch_size=batch_size)  # fmt: skip
+        # a simulator that reads the environment's state (the world) has no answer for a replayed prompt
+        replayed = None
+        if not isinstance(simulator, StateSimulator):
+            replayed = replay(sessions, simulator, f"{stem}.replay.jsonl", source=spec,
+                              settings=settings, batch_size=batch_size)  # fmt: skip
+    finally:
+        if close := getattr(simulator, "close", None):
+            close()
+    return {"rollout": rollout.as_dict(), "replay": replayed.as_dict() if replayed else None}
+
+
+@task(name="score-simulator", cache_policy=NO_CACHE)
+def score_simulator(real: str, traces: dict[str, Any]) -> dict[str, Any]:
+    replayed = traces["replay"]["path"] if traces["replay"] else None
+    return score_files(real, traces["rollout"]["path"], replayed)
+
+
+@task(name="estimate-effect", cache_policy=NO_CACHE)
+def estimate_effect(lake: str, spec: str, split: str, users: int | None) -> dict[str, object]:
+    return world_effect(lake, spec, split, users)
+
+
+@task(name="write-report", cache_policy=NO_CACHE)
+def report(out: str, content: dict[str, Any], traces: dict[str, str]) -> dict[str, str]:
+    paths = write_report(out, content, traces)
+    create_markdown_artifact(
+        key="evaluation-report",
+        markdown=comparison_markdown(content["simulators"], paths["html"]),
+        description=f"evaluation report: {paths['html']}",
+    )
+    return paths
+
+
+@flow(name="evaluate")
+def evaluate_flow(
+    lake: str,
+    simulators: list[str],
+    out: str,
+    split: str = "test",
+    sessions: int | None = None,
+    sampling: dict[str, Any] | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    effect: bool = True,
+    effect_users: int | None = None,
+) -> dict[str, Any]:
+    """Every simulator against the real sessions of ``split``: traces, report.json, report.html; with
+    ``effect``, on a lake generated from a world, each simulator's A/B effect fidelity over the first
+    ``effect_users`` held-out users (all by default)."""
+    chosen = evaluated_ids(lake, split, sessions)
+    real = real_traces(lake, out, split, chosen)
+    written, scored = {}, {}
+    for spec in simulators:
+        written[spec] = simulate(lake, spec, out, chosen, sampling or {}, batch_size)
+        figures = score_simulator(real["path"], written[spec])
+        effects = estimate_effect(lake, spec, split, effect_users) if effect else no_effect(lake, spec, out)
+        scored[spec] = {**figures, **effects}
+    content = {
+        "lake": lake,
+        "split": split,
+        "real": {key: real[key] for key in ("path", "sessions", "cut_sessions_left_out")},
+        "simulators": scored,
+        "traces": {
+            spec: {kind: w[kind]["path"] for kind in ("rollout", "replay") if w[kind]}
+            for spec, w in written.items()
+        },
+        "runs": written,
+    }
+    rollouts = {"real": real["path"], **{spec: w["rollout"]["path"] for spec, w in written.items()}}
+    return {**report(out, content, rollouts), "report": content}

@@ -1,0 +1,66 @@
+"""The report: figures printed as the paper's tables, every plot an inline PNG, the effect when present."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+from evaluation.report import comparison_markdown, figure_text, table2_rows, write_report
+from evaluation.traces import write_jsonl
+from flows.score import score_files
+from tests.evaluation.tiny import population
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def written(tmp_path):
+    records = population()
+    write_jsonl(tmp_path / "real.jsonl", [r for r in records if r.source == "real"])
+    write_jsonl(tmp_path / "sim.jsonl", [r for r in records if r.source != "real"])
+    return {"real": tmp_path / "real.jsonl", "markov": tmp_path / "sim.jsonl"}
+
+
+def content(figures, **effect):
+    simulators = {
+        "markov": {**figures, "effect_ratio": None, "effect_error": None, "effect_ci": None, **effect}
+    }
+    real = {"path": "real.jsonl", "sessions": 6, "cut_sessions_left_out": {}}
+    return {"lake": "lake", "split": "test", "real": real, "simulators": simulators}
+
+
+def test_figures_print_with_four_decimals_and_te_with_two():
+    assert [figure_text("F1", 0.41784), figure_text("TE", 1.7249), figure_text("PF", None)] == [
+        "0.4178",
+        "1.72",
+        "–",
+    ]
+    row = table2_rows({"m": {"RVA": 1.0, "TE": 3.0, "dCTR": 0.00261}})[0]
+    # columns: simulator, RVA, OVA, F1, Acc, DM-JSD, TE, PF, dCTR, dACR, T-JSD
+    assert row[:2] == ["m", "1.0000"] and row[6] == "3.00" and row[8] == "0.0026" and row[2] == "–"
+
+
+def test_the_page_embeds_every_plot_and_the_effect_when_estimated(tmp_path):
+    traces = written(tmp_path)
+    figures = score_files(traces["real"], traces["markov"])
+    paths = write_report(tmp_path / "out", content(figures, effect_ratio=0.8, effect_error=0.2,
+                                                   effect_ci=[0.7, 0.9]), traces)  # fmt: skip
+    page = Path(paths["html"]).read_text(encoding="utf-8")
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    assert [alt for alt, _ in images] == [
+        "Action mix", "Session lengths", "Decision mix", "Funnel", "Cohort fidelity", "A/B effect ratio"
+    ]  # fmt: skip
+    assert all(base64.b64decode(data).startswith(PNG_MAGIC) for _, data in images)
+    assert "<td>0.8000</td><td>0.2000</td><td>[0.7000, 0.9000]</td>" in page
+    assert json.loads(Path(paths["json"]).read_text())["simulators"]["markov"]["effect_ci"] == [0.7, 0.9]
+
+
+def test_the_artifact_is_table_2_with_where_the_report_is(tmp_path):
+    markdown = comparison_markdown({"markov": {"RVA": 0.5, "TE": 2.0}}, tmp_path / "report.html")
+    lines = markdown.splitlines()
+    assert lines[1].startswith(
+        "| simulator | L0 RVA ↑ | L0 OVA ↑ | L1 F1 ↑ | L1 Acc ↑ | L2 DM-JSD ↓ | L2 TE ↓"
+    )
+    assert lines[3].startswith("| markov | 0.5000 | – | – | – | – | 2.00 |")
+    assert lines[-1] == f"Full report: `{(tmp_path / 'report.html').resolve()}`"

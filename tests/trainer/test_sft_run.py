@@ -1,0 +1,222 @@
+"""Whole SFT runs: on a lake built by the pipeline's own stages, exact resume, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+from typer.testing import CliRunner
+
+from extractors.config import ExtractSettings
+from extractors.pipeline import extract_lake
+from flows.cli import app
+from synthetic.bundle import write_bundle
+from trainer.config import TinyModelSettings, TrainSettings
+from trainer.data import load_records, prompt_ids
+from trainer.run import run_sft
+from transforms.ingest import ingest_bundle
+from transforms.prompts import PromptSettings
+from transforms.records import write_records
+
+TINY = TinyModelSettings(
+    vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1
+)
+
+
+@pytest.fixture(scope="module")
+def pipeline_lake(tmp_path_factory) -> Path:
+    """6 synthetic shoppers through ingest, records, offline extraction (rationales) and records again."""
+    root = tmp_path_factory.mktemp("pipeline")
+    write_bundle(root / "raw", users=6, seed=1, fmt="parquet", parts_per_table=1)
+    lake = root / "lake"
+    ingest_bundle(root / "raw", lake)
+    short = PromptSettings(window_single=2, recent_clicks=2, recent_buys=2, max_reviews=2)  # shorter prompts
+    write_records(lake, modes=["single"], settings=short)
+    extract_lake(lake, ExtractSettings(progress=False, cache=False))
+    write_records(lake, modes=["single"], settings=short)
+    return lake
+
+
+def small(**overrides) -> TrainSettings:
+    values = dict(
+        modes=["single"],
+        steps=6,
+        states_per_update=4,
+        micro_batch_states=2,
+        lr=1e-2,
+        warmup_steps=1,
+        eval_every=0,
+        checkpoint_every=0,
+        eval_max_states=4,
+        tiny=TINY,
+    )
+    return TrainSettings(**(values | overrides))
+
+
+def test_sft_lowers_the_held_out_loss_and_the_checkpoint_loads_and_generates(pipeline_lake, tmp_path):
+    # these shoppers fall in the train and test splits only: the test split is the held-out one
+    settings = small(eval_split="test", steps=8, micro_batch_states=4, eval_max_states=6)
+    summary = run_sft(settings, pipeline_lake, tmp_path / "run", progress=False)
+    assert summary.held_out_states == 6 and summary.skipped_steps == 0
+    # an untrained model scores about ln(512) = 6.2 nats per token; the JSON responses are very regular
+    assert summary.held_out_loss_start == pytest.approx(math.log(512), abs=0.5)
+    assert summary.held_out_loss_end < summary.held_out_loss_start - 0.5
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 9))
+    assert all(
+        math.isfinite(r["loss"]) and r["tokens_per_s"] > 0 and "forward_backward" in r["seconds"]
+        for r in train
+    )
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 8]
+
+    folder = Path(summary.checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    trained_with = json.loads((folder / "trainer.json").read_text())
+    assert trained_with["settings"]["steps"] == 8 and trained_with["data_hash"] == summary.data_hash
+    record = load_records(pipeline_lake, ["test"], ["single"])[0][0]
+    ids = torch.tensor([prompt_ids(tokenizer, record.messages())])
+    generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    new = generated[0, ids.shape[1] :]
+    assert 0 < len(new) <= 12 and int(new.max()) < len(tokenizer)  # never a padded-vocabulary row
+    assert isinstance(tokenizer.decode(new, skip_special_tokens=True), str)
+
+
+def test_the_saved_tokenizer_reloads_with_the_same_ids(pipeline_lake, tmp_path):
+    summary = run_sft(small(eval_split="test", steps=1), pipeline_lake, tmp_path / "run", progress=False)
+    reloaded = AutoTokenizer.from_pretrained(summary.checkpoint)
+    text = load_records(pipeline_lake, ["train"], ["single"])[0][0].response
+    ours = json.loads((Path(summary.checkpoint) / "tokenizer.json").read_text())["model"]["vocab"]
+    # AutoTokenizer beside a Llama config keeps our BPE: the same token -> id map, special tokens included
+    assert reloaded.get_vocab() == ours
+    assert (reloaded.bos_token, reloaded.eos_token, reloaded.pad_token) == (
+        "<|bos|>",
+        "<|im_end|>",
+        "<|pad|>",
+    )
+    assert reloaded.decode(reloaded(text, add_special_tokens=False)["input_ids"]) == text
+    # and older transformers (a vLLM install may pin one) find a class they have and the template inline
+    saved = json.loads((Path(summary.checkpoint) / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert saved["chat_template"] == reloaded.chat_template and "{{ bos_token }}" in saved["chat_template"]
+
+
+def parameters(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(Path(checkpoint) / "model.safetensors")
+
+
+def test_resume_continues_exactly(tiny_lake, tmp_path):
+    settings = small(steps=6, checkpoint_every=3, eval_every=2, eval_split="val", class_resampling_alpha=0.3)
+    whole = run_sft(settings, tiny_lake, tmp_path / "whole", progress=False)
+    first = run_sft(settings, tiny_lake, tmp_path / "parts", stop_after=3, progress=False)
+    assert first.steps == 3 and first.checkpoint.endswith("step-000003")
+    rest = run_sft(settings, tiny_lake, tmp_path / "parts", resume=True, progress=False)
+    a, b = parameters(whole.checkpoint), parameters(rest.checkpoint)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def losses(run: str) -> list[tuple[str, int, float]]:
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [(r["kind"], r["step"], r.get("loss", r.get("held_out_loss"))) for r in rows]
+
+    # the resumed run's log is the uninterrupted one's, row for row (held-out at 0, 2, 4, 6)
+    assert losses("parts") == losses("whole")
+    assert rest.held_out_loss_start == whole.held_out_loss_start
+
+
+def test_resume_refuses_changed_settings(tiny_lake, tmp_path):
+    run_sft(small(steps=4, eval_split="val"), tiny_lake, tmp_path / "run", stop_after=2, progress=False)
+    with pytest.raises(ValueError, match="settings differ from the checkpoint's in lr"):
+        run_sft(
+            small(steps=4, eval_split="val", lr=1e-3),
+            tiny_lake,
+            tmp_path / "run",
+            resume=True,
+            progress=False,
+        )
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        run_sft(small(), tiny_lake, tmp_path / "empty", resume=True, progress=False)
+
+
+runner = CliRunner()
+
+
+def test_cli_trains_sft_end_to_end(prefect_harness, tiny_lake, tmp_path):
+    config = tmp_path / "train.toml"
+    config.write_text(
+        "[train]\nmodes = ['single']\nsteps = 3\nstates_per_update = 2\nmicro_batch_states = 2\n"
+        "eval_split = 'val'\nlr = 0.01\nwarmup_steps = 1\n"
+        "[train.tiny]\nvocab_size = 400\nhidden_size = 32\nintermediate_size = 64\nnum_heads = 2\nnum_kv_heads = 1\n"
+    )
+    out = tmp_path / "ckpt"
+    args = ["train", "--lake", str(tiny_lake), "--stage", "sft", "--out", str(out), "--config", str(config)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    final = out / "checkpoints" / "step-000003"
+    assert f"checkpoint: {final}" in result.output.replace("\n", "")
+    assert AutoModelForCausalLM.from_pretrained(final).config.vocab_size == 448  # 400 tokens padded to 7 x 64
+    resumed = runner.invoke(app, [*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output  # nothing left to train: the same final checkpoint
+    optd = runner.invoke(
+        app, ["train", "--lake", str(tiny_lake), "--stage", "optd", "--out", str(tmp_path / "o")]
+    )
+    assert optd.exit_code == 1 and "not available yet" in optd.output
+
+
+def foreign_checkpoint(folder: Path, texts: list[str]) -> Path:
+    """A pretrained-style folder as a user brings it: its own chat template and special tokens, no pad token,
+    and a model vocabulary a few rows larger than the tokenizer."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=["<s>", "</s>"], initial_alphabet=alphabet)
+    backend.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = FOREIGN_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + 5, hidden_size=32, intermediate_size=64, num_hidden_layers=1
+    )
+    config.num_attention_heads = config.num_key_value_heads = 2
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+FOREIGN_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT] {% endif %}"
+)
+
+
+def test_a_pretrained_base_is_trained_with_its_own_tokenizer_and_template(tiny_lake, tmp_path):
+    records = load_records(tiny_lake, ["train"], ["single"])[0]
+    base = foreign_checkpoint(
+        tmp_path / "base", [t for r in records for t in (r.system, r.prompt, r.response)]
+    )
+    summary = run_sft(
+        small(steps=2, eval_split="val"), tiny_lake, tmp_path / "run", base=base, progress=False
+    )
+    tokenizer = AutoTokenizer.from_pretrained(summary.checkpoint)
+    assert tokenizer.chat_template == FOREIGN_TEMPLATE
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("</s>", "</s>")  # no pad token: eos pads
+    prompt = tokenizer.decode(prompt_ids(tokenizer, records[0].messages()))
+    assert prompt == f"[SYSTEM] {records[0].system}</s>[USER] {records[0].prompt}</s>[ASSISTANT] "
+    before, after = parameters(base), parameters(summary.checkpoint)
+    assert after["model.embed_tokens.weight"].shape[0] == len(tokenizer) + 5  # padded rows kept as they are
+    assert not torch.equal(
+        before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"]
+    )
+    assert json.loads((Path(summary.checkpoint) / "trainer.json").read_text())["base"] == str(base)

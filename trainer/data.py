@@ -1,0 +1,238 @@
+"""Training states: the lake's records, tokenized with the model's chat template, batched and sampled.
+
+A state is one record: prompt ids (system + user turns, generation prompt added) and
+response ids (the gold JSON, then eos). Records without a gold response are skipped
+and counted. A state longer than the configured limits is dropped and counted, never
+cut: cutting the start of the prompt would cut the profile and history the simulator
+is conditioned on, and cutting the response would teach it to stop mid-JSON.
+
+Reads with pyarrow, tokenizes with transformers: no polars at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import torch
+from transformers import PreTrainedTokenizerBase
+
+COLUMNS = ["record_id", "mode", "system", "prompt", "response", "action", "intent", "split"]
+GOLD_MISSING = "gold_missing"  # the records stage's reason code for a null gold response, where it writes one
+
+
+@dataclass(frozen=True)
+class RecordText:
+    """The texts of one record a trainer needs (``key`` = ``mode/record_id``, unique in the table)."""
+
+    key: str
+    system: str
+    prompt: str
+    response: str
+    action: str
+    intent: str | None
+    split: str
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.prompt}]
+
+
+@dataclass(frozen=True)
+class State:
+    record: RecordText
+    prompt_ids: list[int]
+    response_ids: list[int]  # ends with eos
+
+
+def load_records(
+    lake: str | Path, splits: Sequence[str], modes: Sequence[str]
+) -> tuple[list[RecordText], Counter[str]]:
+    """Records of ``splits`` and ``modes`` sorted by key, and those without a gold response counted by
+    reason (the table's ``gold_missing`` code, else ``no_gold_response``)."""
+    folder = Path(lake) / "records"
+    if not folder.exists():
+        raise FileNotFoundError(f"no records table under {lake}: run the records stage first")
+    dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    wanted = pc.field("split").isin(list(splits)) & pc.field("mode").isin(list(modes))
+    why_missing = [GOLD_MISSING] if GOLD_MISSING in dataset.schema.names else []
+    rows = dataset.to_table(columns=COLUMNS + why_missing, filter=wanted).to_pylist()
+    skipped: Counter[str] = Counter()
+    records = []
+    for row in rows:
+        if not (row["response"] or "").strip():
+            skipped[row.get(GOLD_MISSING) or "no_gold_response"] += 1
+            continue
+        records.append(
+            RecordText(
+                key=f"{row['mode']}/{row['record_id']}",
+                system=row["system"],
+                prompt=row["prompt"],
+                response=row["response"],
+                action=row["action"],
+                intent=row["intent"],
+                split=row["split"],
+            )
+        )
+    records.sort(key=lambda r: r.key)
+    return records, skipped
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """The chat template's ids for ``messages`` with the assistant's generation prompt appended."""
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
+def response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> list[int]:
+    return [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+
+
+def encode(
+    records: Sequence[RecordText],
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+) -> tuple[list[State], Counter[str]]:
+    """Tokenized states, and the count of those dropped for length (``prompt_too_long``, ...)."""
+    dropped: Counter[str] = Counter()
+    states = []
+    for record in records:
+        state = State(
+            record, prompt_ids(tokenizer, record.messages()), response_ids(tokenizer, record.response)
+        )
+        if len(state.prompt_ids) > max_prompt_tokens:
+            dropped["prompt_too_long"] += 1
+        elif len(state.response_ids) > max_response_tokens:
+            dropped["response_too_long"] += 1
+        else:
+            states.append(state)
+    return states, dropped
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """Right-padded prompt + response ids, and where each response token is predicted.
+
+    The hidden state at ``positions[k]`` of row ``rows[k]`` predicts ``labels[k]``, the
+    k-th response token of the batch; ``owner[k]`` is its state's index in the batch.
+    """
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    rows: torch.Tensor  # [N]
+    positions: torch.Tensor  # [N]
+    labels: torch.Tensor  # [N]
+    owner: torch.Tensor  # [N]
+    n_states: int
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device) -> Batch:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return Batch(**moved)
+
+
+def collate(states: Sequence[State], pad_id: int, pad_to: int | None = None) -> Batch:
+    """One batch of ``states``; ``pad_to`` pads every row to that length (at least the longest)."""
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in states]
+    width = max([*lengths, pad_to or 0])
+    input_ids = torch.full((len(states), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(states), width), dtype=torch.long)
+    rows, positions, labels, owner = [], [], [], []
+    for i, state in enumerate(states):
+        ids = state.prompt_ids + state.response_ids
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention_mask[i, : len(ids)] = 1
+        start = len(state.prompt_ids)  # first response token; predicted by the position before it
+        n = len(state.response_ids)
+        rows.append(torch.full((n,), i))
+        positions.append(torch.arange(start - 1, start - 1 + n))
+        labels.append(torch.tensor(state.response_ids))
+        owner.append(torch.full((n,), i))
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        rows=torch.cat(rows),
+        positions=torch.cat(positions),
+        labels=torch.cat(labels),
+        owner=torch.cat(owner),
+        n_states=len(states),
+    )
+
+
+# --- sampling -----------------------------------------------------------------------------
+
+
+def power_law_weights(actions: Sequence[str], alpha: float) -> torch.Tensor:
+    """Per-state sampling weights giving class probabilities q_i = n_i^alpha / sum_j n_j^alpha.
+
+    Each of the n_i states of class i gets n_i^(alpha - 1), so the class as a whole gets
+    n_i^alpha (RecVerse's smoothing of a long-tailed action mix; alpha = 1 is uniform
+    over states, alpha = 0 uniform over classes).
+    """
+    counts = Counter(actions)
+    return torch.tensor([counts[a] ** (alpha - 1.0) for a in actions], dtype=torch.float64)
+
+
+class StateSampler:
+    """Deterministic stream of state indices: epoch e is a permutation (or weighted draw) seeded by (seed, e).
+
+    Its whole position is the number of indices drawn so far, so a checkpoint stores one integer.
+    """
+
+    def __init__(self, n_states: int, seed: int, weights: torch.Tensor | None = None) -> None:
+        if n_states <= 0:
+            raise ValueError("no training states to sample from")
+        self.n_states, self.seed, self.weights = n_states, seed, weights
+        self.drawn = 0
+        self._cached: tuple[int, torch.Tensor] = (-1, torch.empty(0, dtype=torch.long))
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._cached[0] != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            if self.weights is None:
+                order = torch.randperm(self.n_states, generator=generator)
+            else:
+                order = torch.multinomial(self.weights, self.n_states, replacement=True, generator=generator)
+            self._cached = (epoch, order)
+        return self._cached[1]
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            epoch, offset = divmod(self.drawn, self.n_states)
+            chunk = self.epoch_order(epoch)[offset : offset + k - len(out)].tolist()
+            out += chunk
+            self.drawn += len(chunk)
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"drawn": self.drawn, "n_states": self.n_states, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if (state["n_states"], state["seed"]) != (self.n_states, self.seed):
+            raise ValueError(f"sampler state is for {state}, not {self.state_dict()}")
+        self.drawn = state["drawn"]
+
+
+def data_hash(states: Sequence[State], tokenizer_fingerprint: str) -> str:
+    """Hash of what is trained on: keys, system, prompt and response texts, in order, and the tokenizer."""
+    digest = hashlib.sha256(tokenizer_fingerprint.encode())
+    for state in states:
+        r = state.record
+        for part in (r.key, r.system, r.prompt, r.response):
+            digest.update(part.encode())
+            digest.update(b"\x00")
+    return digest.hexdigest()

@@ -1,0 +1,242 @@
+"""The SFT run: records -> states -> updates, with held-out loss, metrics and checkpoints.
+
+``OUT/metrics.jsonl`` gets one row per update (kind ``train``) and per held-out
+evaluation (kind ``eval``); ``OUT/summary.json`` says what went in and what came out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
+from trainer.data import (
+    Batch,
+    RecordText,
+    State,
+    StateSampler,
+    collate,
+    data_hash,
+    encode,
+    load_records,
+    power_law_weights,
+)
+from trainer.loop import LossSums, MetricsLog, PhaseTimer, Trainer, adam, schedule, seed_everything, split
+from trainer.models import (
+    build_tiny_model,
+    enable_activation_checkpointing,
+    load_pretrained,
+    tokenizer_fingerprint,
+    train_tokenizer,
+)
+from trainer.sft import held_out_loss, sft_loss
+
+if TYPE_CHECKING:
+    from trainer.config import TrainSettings
+
+
+@dataclass
+class RunSummary:
+    checkpoint: str
+    steps: int
+    skipped_steps: int
+    train_states: int
+    held_out_states: int
+    held_out_loss_start: float | None
+    held_out_loss_end: float | None
+    left_out: dict[str, int] = field(default_factory=dict)  # reason -> records not trained on
+    data_hash: str = ""
+
+
+@dataclass
+class SftRun:
+    """Everything one run holds: the model, its states, the sampler and the optimiser."""
+
+    settings: TrainSettings
+    out: Path
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    states: list[State]
+    eval_batches: list[Batch]
+    sampler: StateSampler
+    trainer: Trainer
+    meta: dict[str, Any]  # what every checkpoint records besides the step and the sampler
+    left_out: Counter[str]
+
+    @property
+    def vocab(self) -> int:
+        return len(self.tokenizer)
+
+    def loss(self, model: PreTrainedModel, batch: Batch) -> LossSums:
+        return sft_loss(model, batch, self.vocab)
+
+    def next_update(self) -> tuple[list[Batch], int]:
+        """The next update's micro-batches and its number of states."""
+        chosen = [self.states[i] for i in self.sampler.take(self.settings.states_per_update)]
+        size, device = self.settings.micro_batch_states, self.trainer.device
+        return micro_batches(chosen, size, self.tokenizer, device), len(chosen)
+
+    def held_out(self) -> float | None:
+        return held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
+
+    def checkpoint(self, step: int) -> Path:
+        t, meta = self.trainer, {**self.meta, "sampler": self.sampler.state_dict()}
+        parts = (self.model, self.tokenizer, t.optimizer, t.scheduler)
+        return save_checkpoint(self.out, step, *parts, meta, keep=self.settings.keep_checkpoints)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def micro_batches(
+    states: list[State], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
+) -> list[Batch]:
+    return [collate(chunk, tokenizer.pad_token_id).to(device) for chunk in split(states, size)]
+
+
+def starting_model(
+    records: list[RecordText], settings: TrainSettings, base: str | Path | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``base`` as it is, or the tiny default with a tokenizer trained on the records' texts."""
+    if base is not None:
+        return load_pretrained(base)
+    systems = dict.fromkeys(r.system for r in records)  # a handful of system prompts, each once
+    texts = [*systems, *(text for r in records for text in (r.prompt, r.response))]
+    tokenizer = train_tokenizer(texts, settings.tiny.vocab_size)
+    return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
+
+
+def settings_json(settings: TrainSettings) -> dict[str, Any]:
+    return json.loads(json.dumps(settings.model_dump(mode="json")))
+
+
+def prepare(settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None) -> SftRun:
+    """Seed, read and encode the states, build or load the model, the sampler and the optimiser."""
+    device = pick_device(settings.device)
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    seed_everything(settings.seed)
+    records, left_out = load_records(lake, [settings.train_split], settings.modes)
+    eval_records, _ = load_records(lake, [settings.eval_split], settings.modes)
+    model, tokenizer = starting_model(records, settings, start_from)
+    model.to(device)
+    if settings.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    limits = settings.max_prompt_tokens, settings.max_response_tokens
+    states, dropped = encode(records, tokenizer, *limits)
+    if not states:
+        left = dict(left_out + dropped)
+        raise ValueError(f"no {settings.train_split} states to train on in {lake} (left out: {left})")
+    eval_states, _ = encode(eval_records, tokenizer, *limits)
+    weights = None
+    if settings.class_resampling_alpha is not None:
+        weights = power_law_weights([s.record.action for s in states], settings.class_resampling_alpha)
+    optimizer = adam(model, settings.lr, settings.adam_betas, settings.adam_eps)
+    trainer = Trainer(
+        model,
+        optimizer,
+        schedule(optimizer, settings.warmup_steps, settings.steps),
+        clip=settings.clip_grad_norm,
+        device=device,
+        bf16=settings.bf16,
+    )
+    digest = data_hash(states, tokenizer_fingerprint(tokenizer))
+    return SftRun(
+        settings=settings,
+        out=out,
+        model=model,
+        tokenizer=tokenizer,
+        states=states,
+        eval_batches=micro_batches(
+            eval_states[: settings.eval_max_states], settings.micro_batch_states, tokenizer, device
+        ),
+        sampler=StateSampler(len(states), settings.seed, weights),
+        trainer=trainer,
+        meta={"stage": "sft", "settings": settings_json(settings), "data_hash": digest},
+        left_out=left_out + dropped,
+    )
+
+
+def restore(run: SftRun, folder: Path) -> int:
+    """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns its step."""
+    meta = read_meta(folder)
+    check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
+    restore_training_state(folder, run.trainer.optimizer, run.trainer.scheduler)
+    run.sampler.load_state_dict(meta["sampler"])
+    run.trainer.updates = meta["step"]
+    run.meta["held_out_loss_start"] = meta["held_out_loss_start"]
+    return meta["step"]
+
+
+def run_sft(
+    settings: TrainSettings,
+    lake: str | Path,
+    out: str | Path,
+    base: str | Path | None = None,
+    resume: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> RunSummary:
+    """Train ``settings.steps`` updates on the lake's gold responses; return where the checkpoint is.
+
+    ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings and
+    data required; ``base`` is then only recorded); ``stop_after`` ends this call after
+    that update, with a checkpoint.
+    """
+    out = Path(out)
+    resume_from = latest(out) if resume else None
+    if resume and resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    run = prepare(settings, lake, out, resume_from or base)
+    if base is not None:
+        run.meta["base"] = str(base)
+    start = restore(run, resume_from) if resume_from else 0
+    metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
+    if start == 0:
+        run.meta["held_out_loss_start"] = run.held_out()
+        metrics.write({"kind": "eval", "step": 0, "held_out_loss": run.meta["held_out_loss_start"]})
+    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
+    train_updates(run, metrics, start, end, progress)
+    evaluations = [row["held_out_loss"] for row in metrics.rows() if row["kind"] == "eval"]
+    summary = RunSummary(
+        checkpoint=str(run.checkpoint(end)),
+        steps=end,
+        skipped_steps=sum(row["skipped"] for row in metrics.rows() if row["kind"] == "train"),
+        train_states=len(run.states),
+        held_out_states=sum(b.n_states for b in run.eval_batches),
+        held_out_loss_start=run.meta["held_out_loss_start"],
+        held_out_loss_end=evaluations[-1] if evaluations else None,
+        left_out=dict(run.left_out),
+        data_hash=run.meta["data_hash"],
+    )
+    (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    return summary
+
+
+def train_updates(run: SftRun, metrics: MetricsLog, start: int, end: int, progress: bool) -> None:
+    """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints."""
+    s = run.settings
+    bar = tqdm(total=s.steps, initial=start, disable=not progress, desc="sft", unit="update")
+    for step in range(start + 1, end + 1):
+        timer = PhaseTimer(run.trainer.device)
+        with timer.phase("data"):
+            batches, n_states = run.next_update()
+        report = run.trainer.step(batches, run.loss, n_states=n_states, timer=timer)
+        metrics.write({"kind": "train", **report.as_json()})
+        bar.update(1)
+        bar.set_postfix(loss=f"{report.loss:.3f}", lr=f"{report.lr:.2e}")
+        if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
+            metrics.write({"kind": "eval", "step": step, "held_out_loss": run.held_out()})
+        if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
+            run.checkpoint(step)
+    bar.close()
