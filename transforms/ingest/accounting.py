@@ -83,7 +83,7 @@ def profile_flags(candidates: list[pl.DataFrame], pseudonymize: Pseudonymizer) -
     return reject_rows("events", first, "missing_profile", "kept with an empty profile", pseudonymize)
 
 
-def quarantine_frame(rejects: list[pl.DataFrame], flags: list[pl.DataFrame]) -> pl.DataFrame:
+def ingest_quarantine(rejects: list[pl.DataFrame], flags: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(
         [
             _concat(rejects).with_columns(pl.lit(False).alias("kept")),

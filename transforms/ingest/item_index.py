@@ -18,7 +18,7 @@ from transforms.rekey import Pseudonymizer
 
 if TYPE_CHECKING:
     from transforms.ingest.parts import Raw
-    from transforms.ingest.run import Run
+    from transforms.ingest.run import StagedRun
 
 
 ITEM_KEYED = ("item_id", "image")  # item columns keyed as they are read (see keyed_items)
@@ -78,7 +78,7 @@ class ItemIndex:
 
 
 def items_pass(
-    raw: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run
+    raw: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun
 ) -> tuple[ItemIndex, list[pl.DataFrame], int]:
     """Settle duplicate item ids, then check, key and write the items chunk by chunk.
 

@@ -31,7 +31,7 @@ from transforms.rekey import Pseudonymizer
 from transforms.schemas import RAW_TABLES
 
 if TYPE_CHECKING:
-    from transforms.ingest.run import Run
+    from transforms.ingest.run import StagedRun
 
 SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big files
 
@@ -208,7 +208,7 @@ class Raw:
         return stack_frames(self.small.get(name, []), name)
 
 
-def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
+def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun) -> Raw:
     """Parts from the bundle's size: 1 for small bundles, more for big ones; the parts of bundles
     beyond ``memory_rows`` are spilled to disk. Items of several chunks are left to pass 2."""
     per_part = spill_part_rows(settings)
@@ -247,7 +247,7 @@ def _item_id_column_hashes(root: Path) -> list[pl.Series] | None:
     return hashes
 
 
-def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run) -> Raw:
+def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun) -> Raw:
     """Pass 1 over a raw bundle folder: one chunk in memory at a time."""
     raw = _plan(root, settings, pseudonymize, run)
     for name in RAW_TABLES:
@@ -264,7 +264,7 @@ def read_pass(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer,
     return raw
 
 
-def from_tables(tables: dict[str, TableRead], settings: IngestSettings, run: Run) -> Raw:
+def from_tables(tables: dict[str, TableRead], settings: IngestSettings, run: StagedRun) -> Raw:
     """An already-read bundle (the UserArena release) as one in-memory part."""
     raw = Raw(Spill(run.spill, set(), run.writer, _preparations(settings)), 1)
     for name in RAW_TABLES:

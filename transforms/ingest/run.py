@@ -17,7 +17,7 @@ import polars as pl
 
 from transforms import align
 from transforms.config import IngestSettings
-from transforms.ingest.accounting import IngestResult, Totals, count_rows, profile_flags, quarantine_frame
+from transforms.ingest.accounting import IngestResult, Totals, count_rows, ingest_quarantine, profile_flags
 from transforms.ingest.alignment import Context, Part, align_part, checked_history
 from transforms.ingest.duplicate_ids import settle
 from transforms.ingest.item_index import items_pass
@@ -35,12 +35,14 @@ ALIGN_THREADS = 2  # parts aligned at once
 WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
 
 
-def write_keyed_part(part: Part, ctx: Context, pseudonymize: Pseudonymizer, run: Run, number: int) -> None:
+def write_keyed_part(
+    part: Part, ctx: Context, pseudonymize: Pseudonymizer, run: StagedRun, number: int
+) -> None:
     for name, frame in key_part(part, ctx, pseudonymize).items():
         run.tables[name].add(frame, number)
 
 
-class Run:
+class StagedRun:
     """The staged lake tables, the spill and the writer thread of one ingest: the tables are
     committed together, or all of it is discarded."""
 
@@ -74,7 +76,7 @@ def _silent(phase: str) -> None:
 
 
 def read_source(
-    raw: str | Path, source_format: str, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run
+    raw: str | Path, source_format: str, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun
 ) -> tuple[Raw, dict[str, int]]:
     if source_format == "userarena":
         tables, notes, cuts = read_userarena(
@@ -94,7 +96,7 @@ def read_source(
 
 
 def shared_context(
-    source: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: Run, totals: Totals
+    source: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun, totals: Totals
 ) -> Context:
     """Everything the parts share: users' pseudonyms and splits (profiles and history written),
     the item index (items written), duplicate event ids settled. Small writes are queued first, so the
@@ -123,7 +125,7 @@ def shared_context(
     return Context(settings, item_index, profile_context, users, max_ts, events, source.cuts)
 
 
-def align_parts(source: Raw, ctx: Context, run: Run, totals: Totals) -> None:
+def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals) -> None:
     """Pass 2: ``ALIGN_THREADS`` parts align at once; their outputs are keyed and written in part
     order while the next ones align."""
 
@@ -166,7 +168,7 @@ def ingest_bundle(
     settings = settings or IngestSettings()
     pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
     out = Path(staging) if staging is not None else Path(lake)
-    run, totals = Run(out, settings.zstd_level), Totals()
+    run, totals = StagedRun(out, settings.zstd_level), Totals()
     try:
         progress("read")
         source, notes = read_source(raw, source_format, settings, pseudonymize, run)
@@ -176,7 +178,7 @@ def ingest_bundle(
         align_parts(source, ctx, run, totals)
         progress("write")
         totals.flags.append(profile_flags(totals.no_profile, pseudonymize))
-        quarantine = quarantine_frame([*source.rejects, *totals.rejects], totals.flags)
+        quarantine = ingest_quarantine([*source.rejects, *totals.rejects], totals.flags)
         run.writer.wait()
         output_rows = {name: run.tables[name].rows for name in WRITE_ORDER}
         counts = count_rows(source.reads, output_rows, quarantine, totals.duplicates, totals.dropped)
