@@ -750,7 +750,7 @@ def check_bundle(root: str | Path) -> Path:
     return root
 
 
-def read_table(
+def read_raw_table(
     root: Path, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
 ) -> TableRead:
     files = table_files(root, table)
@@ -795,7 +795,7 @@ def read_bundle(
 ) -> dict[str, TableRead]:
     """Read every table of a raw bundle folder."""
     root = check_bundle(root)
-    return {name: read_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
+    return {name: read_raw_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
 
 
 def bundle_fingerprint(root: str | Path) -> str:

@@ -15,7 +15,7 @@ import pytest
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.catalog import query, refresh_catalog
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table, write_table
+from transforms.lake import read_lake_table, write_table
 
 # --- the DuckDB catalog over the lake: shared with readers, copied and moved ------------------------
 
@@ -82,7 +82,7 @@ def test_a_copied_lake_never_reads_the_original(lake, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(lake, copy)
     # the original loses 3 of its 9 steps; the copy must still count its own 9
-    steps = read_table(lake, "steps")
+    steps = read_lake_table(lake, "steps")
     write_table(lake, "steps", steps.head(6))
     assert query(lake, "SELECT count(*) AS n FROM steps")["n"][0] == 6
     # run from inside the original lake: a path resolved against the working directory would read it
@@ -122,7 +122,7 @@ def test_opening_rebuilds_a_catalog_of_absolute_paths(lake, tmp_path):
         con.execute(f"CREATE VIEW steps AS SELECT * FROM read_parquet('{lake}/steps/**/*.parquet')")
     copy = tmp_path / "copy"
     shutil.copytree(lake, copy)
-    write_table(lake, "steps", read_table(lake, "steps").head(2))
+    write_table(lake, "steps", read_lake_table(lake, "steps").head(2))
     # the copy's old catalog would count the original's 2 steps; opened through query it is rebuilt
     assert query(copy, "SELECT count(*) AS n FROM steps")["n"][0] == 9
 

@@ -21,7 +21,7 @@ from transforms import lake as lake_io
 from transforms.config import IngestSettings
 from transforms.ingest import chunks, feeds_in_place, hashes, ingest_bundle
 from transforms.ingest import parts as pass_one
-from transforms.lake import read_table, table_files
+from transforms.lake import read_lake_table, table_files
 from transforms.readers import read_tables
 
 TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history", "quarantine")
@@ -84,7 +84,7 @@ def _lake(lake: Path) -> dict[str, pl.DataFrame]:
     """Every table's rows in a canonical order (row sets, not file layout)."""
     tables = {}
     for table in TABLES:
-        frame = read_table(lake, table)
+        frame = read_lake_table(lake, table)
         tables[table] = frame.sort(pl.struct(pl.all()).struct.json_encode())
     return tables
 
@@ -261,7 +261,7 @@ def test_an_unreadable_items_file_left_to_pass_two_is_quarantined_once(tmp_path)
 def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_path):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", ThreeParts())
-    rejected = read_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "duplicate_event_id")
+    rejected = read_lake_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "duplicate_event_id")
     assert rejected["source_row"].to_list() == [24]  # the later of the two rows with id ev-0
 
 
