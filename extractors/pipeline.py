@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from extractors.answer import Outcome
+from extractors.answer import AnswerOutcome
 from extractors.cache import ResponseCache
 from extractors.client import Budget, LLMClient, Stats
 from extractors.config import ExtractSettings
@@ -215,7 +215,7 @@ async def _run_openai(
     carry: Carry,
     jobs: tuple[list, list],
     tick: Callable[[], None],
-) -> tuple[list[Outcome[Intent]], list[Outcome[RationaleAnswer]], Stats, Budget]:
+) -> tuple[list[AnswerOutcome[Intent]], list[AnswerOutcome[RationaleAnswer]], Stats, Budget]:
     stats = Stats(stopped=carry.stopped)
     budget = Budget.from_settings(settings, spent_usd=carry.spent_usd, spent_tokens=carry.spent_tokens)
     async with LLMClient(settings, cache=cache, stats=stats, budget=budget) as client:
@@ -253,7 +253,7 @@ def run_backend(
     intents: list[IntentJob],
     rationales: list[RationaleJob],
     label: str,
-) -> tuple[list[Outcome[Intent]], list[Outcome[RationaleAnswer]], Stats, Carry]:
+) -> tuple[list[AnswerOutcome[Intent]], list[AnswerOutcome[RationaleAnswer]], Stats, Carry]:
     with _progress(settings) as bar:
         task = bar.add_task(label, total=len(intents) + len(rationales))
 
@@ -282,7 +282,7 @@ def _tick(value: T, tick: Callable[[], None]) -> T:
 # --- output frames -----------------------------------------------------------------------------
 
 
-def _provenance(o: Outcome) -> dict[str, Any]:
+def _provenance(o: AnswerOutcome) -> dict[str, Any]:
     p = o.provenance
     return {
         "backend": p.backend,
@@ -298,7 +298,7 @@ def _provenance(o: Outcome) -> dict[str, Any]:
     }
 
 
-def intents_frame(jobs: list[IntentJob], outcomes: list[Outcome[Intent]]) -> pl.DataFrame:
+def intents_frame(jobs: list[IntentJob], outcomes: list[AnswerOutcome[Intent]]) -> pl.DataFrame:
     rows = [
         {
             "trajectory_id": j.trajectory_id,
@@ -318,7 +318,9 @@ def intents_frame(jobs: list[IntentJob], outcomes: list[Outcome[Intent]]) -> pl.
     return _frame(rows, INTENTS)
 
 
-def rationales_frame(jobs: list[RationaleJob], outcomes: list[Outcome[RationaleAnswer]]) -> pl.DataFrame:
+def rationales_frame(
+    jobs: list[RationaleJob], outcomes: list[AnswerOutcome[RationaleAnswer]]
+) -> pl.DataFrame:
     rows = [
         {
             "record_id": j.record_id,
@@ -351,7 +353,7 @@ def _frame(rows: list[dict[str, Any]], schema: Any) -> pl.DataFrame:
 
 
 def quarantine_frame(
-    bucket: int, kind: str, keys: list[str], outcomes: list[Outcome], id_name: str
+    bucket: int, kind: str, keys: list[str], outcomes: list[AnswerOutcome], id_name: str
 ) -> pl.DataFrame:
     rows = [
         {
@@ -425,7 +427,7 @@ def part_path(lake: str | Path, bucket: int, name: str) -> Path:
 # --- one bucket, and the whole run ---------------------------------------------------------------
 
 
-def _counts(outcomes: list[Outcome]) -> dict[str, int]:
+def _counts(outcomes: list[AnswerOutcome]) -> dict[str, int]:
     c = Counter(o.status for o in outcomes)
     return {"jobs": len(outcomes), "ok": c["ok"], "quarantined": c["quarantined"], "pending": c["pending"]}
 

@@ -46,9 +46,9 @@ from validation.report import (
     DOCS_DIR,
     EXAMPLES,
     RUNS_DIR,
+    CheckOutcome,
     GateError,
     GateSummary,
-    Outcome,
     TableReport,
     write_docs_listing,
     write_run_files,
@@ -181,13 +181,15 @@ def _row_number(index: Any) -> int:
     return int(index[ROW]) if isinstance(index, dict) else int(index)
 
 
-def combine(suite: TableSuite, results: list[Any]) -> list[Outcome]:
+def combine(suite: TableSuite, results: list[Any]) -> list[CheckOutcome]:
     """Outcomes per check over all batches; map expectations judged on total counts."""
     grouped = _by_check(results)
     outcomes = []
     for c in suite.checks:
         parts = grouped.get(c.name, [])
-        o = Outcome(suite.name, suite.table, c.name, c.expectation, c.severity, c.level, c.doc, success=True)
+        o = CheckOutcome(
+            suite.name, suite.table, c.name, c.expectation, c.severity, c.level, c.doc, success=True
+        )
         o.exception = _exception(parts) if parts else "the expectation returned no result"
         counted = [r.result for r in parts if "unexpected_count" in r.result]
         if o.exception is None and counted and len(counted) == len(parts):
@@ -207,7 +209,7 @@ def combine(suite: TableSuite, results: list[Any]) -> list[Outcome]:
     return outcomes
 
 
-def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome]) -> None:
+def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[CheckOutcome]) -> None:
     """Up to EXAMPLES failing rows per failed check: locator, keys and the columns it read."""
     locators = [c for c in (FILE, FILE_ROW) if c in frame.columns]
     inputs = {h.name: h.build().meta.root_names() for h in suite.helpers}
@@ -225,7 +227,7 @@ def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outco
 # --- routing ------------------------------------------------------------------
 
 
-def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
+def _reasons(suite: TableSuite, outcomes: list[CheckOutcome]) -> pl.DataFrame:
     """ROW -> reason (first routed check in suite order) and detail (all routed checks)."""
     tags = [
         pl.DataFrame({ROW: o.rows, "check": o.check, "order": i}, schema_overrides={ROW: pl.UInt32})
@@ -252,7 +254,12 @@ def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
 
 
 def route(
-    lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool, target: Path
+    lake: Path,
+    suite: TableSuite,
+    frame: pl.DataFrame,
+    outcomes: list[CheckOutcome],
+    replace: bool,
+    target: Path,
 ) -> int:
     """Move rows failing row-level warn checks to quarantine; rewrite the table under ``target`` (the
     lake, or the stage's staging folder). Returns rows moved."""
@@ -305,15 +312,15 @@ def lost_reasons(source: Path, stage: str) -> pl.DataFrame:
     )
 
 
-def _loss(table: str, check: str, expectation: str, doc: str, lost: int, rows_in: int) -> Outcome:
-    o = Outcome(LOSS_SUITE, table, check, expectation, "error", "table", doc, success=lost == 0)
+def _loss(table: str, check: str, expectation: str, doc: str, lost: int, rows_in: int) -> CheckOutcome:
+    o = CheckOutcome(LOSS_SUITE, table, check, expectation, "error", "table", doc, success=lost == 0)
     o.evaluated, o.unexpected = rows_in, lost
     return o
 
 
 def loss_outcomes(
     accounting: dict[str, dict[str, int]], reasons: pl.DataFrame, max_share: float
-) -> list[Outcome]:
+) -> list[CheckOutcome]:
     """Per input table: an error when no row was kept from a non-empty input, or when more than
     ``max_share`` of its rows were quarantined; examples are the top reasons with their counts."""
     outcomes = []
@@ -348,10 +355,10 @@ def loss_outcomes(
 
 
 @dataclass
-class Checked:
+class TableVerdict:
     suite: TableSuite
     loaded: Loaded | None
-    outcomes: list[Outcome]
+    outcomes: list[CheckOutcome]
     report: TableReport
 
 
@@ -378,9 +385,9 @@ class Gate:
         self.runner = Runner(lake / DOCS_DIR / "validation" / self.run_id, self.run_id)
         self.summary = GateSummary(self.run_id, stage, str(lake), now.isoformat())
         self.results: list[dict[str, Any]] = []
-        self.checked: list[Checked] = []
+        self.checked: list[TableVerdict] = []
 
-    def _run(self, suite: TableSuite, frame: pl.DataFrame) -> list[Outcome]:
+    def _run(self, suite: TableSuite, frame: pl.DataFrame) -> list[CheckOutcome]:
         results = self.runner.validate(suite, batches(suite, frame, self.batch_rows))
         self.results += [r.to_json_dict() for r in results]
         outcomes = combine(suite, results)
@@ -388,22 +395,22 @@ class Gate:
         self.summary.outcomes += outcomes
         return outcomes
 
-    def lake_table(self, name: str) -> Checked:
+    def lake_table(self, name: str) -> TableVerdict:
         suite = self.suites[name]
         report = TableReport(name, suite.name, suite.version)
         files = table_files(self.source, name)
         if not files:
-            return self._record(Checked(suite, None, [self._missing(suite)], report))
+            return self._record(TableVerdict(suite, None, [self._missing(suite)], report))
         schema = schema_suite(suite)
         outcomes = self._run(schema, prepare(schema, schema_frame(suite.schema, files)))
         if any(o.stops for o in outcomes):
-            return self._record(Checked(suite, None, outcomes, report))
+            return self._record(TableVerdict(suite, None, outcomes, report))
         loaded = load_lake_table(self.source, suite, files)
         frame = prepare(suite, loaded.frame)
         report.rows_in = report.rows_out = frame.height
-        return self._record(Checked(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
+        return self._record(TableVerdict(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
 
-    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> Checked | None:
+    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
         """A raw table chunk by chunk (each chunk prepared with ``prepare``'s global row numbers);
         counts are combined over all chunks, examples taken from the chunks they lie in."""
         results: list[Any] = []
@@ -428,15 +435,17 @@ class Gate:
             o.examples = [] if o.success else examples.get(o.check, [])
         self.summary.outcomes += outcomes
         report = TableReport(suite.name, suite.name, suite.version, rows, rows)
-        return self._record(Checked(suite, None, outcomes, report))
+        return self._record(TableVerdict(suite, None, outcomes, report))
 
-    def _missing(self, suite: TableSuite) -> Outcome:
+    def _missing(self, suite: TableSuite) -> CheckOutcome:
         doc = f"the table has Parquet files under {table_dir(self.source, suite.table)}"
-        outcome = Outcome(suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False)
+        outcome = CheckOutcome(
+            suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False
+        )
         self.summary.outcomes.append(outcome)
         return outcome
 
-    def _record(self, checked: Checked) -> Checked:
+    def _record(self, checked: TableVerdict) -> TableVerdict:
         for o in checked.outcomes:
             target = checked.report.errors if o.stops else checked.report.warnings
             if not o.success or o.exception:

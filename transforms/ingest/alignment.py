@@ -126,7 +126,7 @@ def align_part(
     )
 
 
-def checked_history(history: pl.DataFrame, pseudonymize: Pseudonymizer) -> align.Checked:
+def checked_history(history: pl.DataFrame, pseudonymize: Pseudonymizer) -> align.CheckedRows:
     rows, bad = align.split_by_reason(
         history,
         pl.when(~pl.col("kind").is_in(HISTORY_KINDS)).then(pl.lit("unknown_history_kind")),
@@ -134,4 +134,4 @@ def checked_history(history: pl.DataFrame, pseudonymize: Pseudonymizer) -> align
         pl.lit("history kind must be click or buy"),
         pseudonymize,
     )
-    return align.Checked(rows, [bad])
+    return align.CheckedRows(rows, [bad])

@@ -30,7 +30,7 @@ def settle(
     hashes: list[pl.Series],
     frames: Callable[[], Iterable[pl.DataFrame]],
     key: str,
-    dedupe: Callable[[pl.DataFrame], align.Checked],
+    dedupe: Callable[[pl.DataFrame], align.CheckedRows],
 ) -> Settled:
     """Ids whose hash occurs once are unique (the common case: nothing to read again); the rows
     of the others are gathered from every part and deduplicated together."""
