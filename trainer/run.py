@@ -120,7 +120,9 @@ def settings_json(settings: TrainSettings) -> dict[str, Any]:
     return json.loads(json.dumps(settings.model_dump(mode="json")))
 
 
-def prepare(settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None) -> SftRun:
+def prepare_sft_run(
+    settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None
+) -> SftRun:
     """Seed, read and encode the states, build or load the model, the sampler and the optimiser."""
     device = pick_device(settings.device)
     if settings.torch_threads:
@@ -197,7 +199,7 @@ def run_sft(
     resume_from = latest(out) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    run = prepare(settings, lake, out, resume_from or base)
+    run = prepare_sft_run(settings, lake, out, resume_from or base)
     if base is not None:
         run.meta["base"] = str(base)
     start = restore(run, resume_from) if resume_from else 0

@@ -131,12 +131,13 @@ def load_lake_table(lake: Path, suite: TableSuite, files: Sequence[Path]) -> Loa
 
 
 def load_raw_table(frame: pl.DataFrame) -> Loaded:
-    """A raw table as read by transforms.readers, its locators renamed (``prepare`` drops raw ids)."""
+    """A raw table as read by transforms.readers, its locators renamed (``with_check_columns`` drops
+    raw ids)."""
     located = frame.rename({"_file": FILE, "_row": FILE_ROW}) if "_file" in frame.columns else frame
     return Loaded(located, full=False)
 
 
-def prepare(
+def with_check_columns(
     suite: TableSuite, frame: pl.DataFrame, first_row: int = 0, helpers: Sequence[pl.Expr] = ()
 ) -> pl.DataFrame:
     """Helper columns (``helpers`` replace the suite's own of the same name), raw ids dropped, and
@@ -402,16 +403,16 @@ class Gate:
         if not files:
             return self._record(TableVerdict(suite, None, [self._missing(suite)], report))
         schema = schema_suite(suite)
-        outcomes = self._run(schema, prepare(schema, schema_frame(suite.schema, files)))
+        outcomes = self._run(schema, with_check_columns(schema, schema_frame(suite.schema, files)))
         if any(o.stops for o in outcomes):
             return self._record(TableVerdict(suite, None, outcomes, report))
         loaded = load_lake_table(self.source, suite, files)
-        frame = prepare(suite, loaded.frame)
+        frame = with_check_columns(suite, loaded.frame)
         report.rows_in = report.rows_out = frame.height
         return self._record(TableVerdict(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
 
     def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
-        """A raw table chunk by chunk (each chunk prepared with ``prepare``'s global row numbers);
+        """A raw table chunk by chunk (each chunk prepared with ``with_check_columns``'s global row numbers);
         counts are combined over all chunks, examples taken from the chunks they lie in."""
         results: list[Any] = []
         examples: dict[str, list[dict[str, Any]]] = {}
@@ -519,7 +520,7 @@ class RawBundle:
         unique = [] if duplicated is None else [~key_hash(suite.keys).is_in(duplicated).alias("_key_unique")]
         rows = 0
         for frame in self.frames(suite.table):
-            yield prepare(suite, frame, rows, unique)
+            yield with_check_columns(suite, frame, rows, unique)
             rows += frame.height
 
 
