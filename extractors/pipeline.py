@@ -157,18 +157,19 @@ def missing_steps(records: pl.DataFrame, i_jobs: list[IntentJob], r_jobs: list[R
         records.filter(pl.col("split") == "train")
         .unique(["mode", "trajectory_id"], maintain_order=True)
         .join(have_i, on=["mode", "trajectory_id"], how="anti")
-        .with_columns(pl.lit("intents").alias("table"), pl.struct("mode", "trajectory_id").alias("_key"))
+        .with_columns(pl.lit("intents").alias("table_name"), pl.struct("mode", "trajectory_id").alias("_key"))
     )
     have_r = pl.Series("record_id", [j.record_id for j in r_jobs], dtype=pl.String)
     lost_r = (
         records.filter(~pl.col("record_id").is_in(have_r))
         .unique("record_id", maintain_order=True)
         .with_columns(
-            pl.lit("rationales").alias("table"), pl.struct("record_id", "session_id", "step").alias("_key")
+            pl.lit("rationales").alias("table_name"),
+            pl.struct("record_id", "session_id", "step").alias("_key"),
         )
     )
     return pl.concat([lost_i, lost_r], how="diagonal_relaxed").select(
-        "table",
+        "table_name",
         pl.format("records/bucket={}", pl.col("bucket")).alias("source_file"),
         pl.lit(None, dtype=pl.Int64).alias("source_row"),
         pl.lit("missing_step").alias("reason"),
@@ -357,7 +358,7 @@ def quarantine_frame(
 ) -> pl.DataFrame:
     rows = [
         {
-            "table": kind,
+            "table_name": kind,
             "source_file": f"records/bucket={bucket}",
             "source_row": None,
             "reason": o.reason,
@@ -461,10 +462,10 @@ def extract_bucket(
     write_records_partition(lake, bucket, fill_records(records, intents, rationales, quarantine))
     counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
     for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
-        lost = quarantine.filter((pl.col("table") == kind) & (pl.col("reason") == "missing_step")).height
+        lost = quarantine.filter((pl.col("table_name") == kind) & (pl.col("reason") == "missing_step")).height
         counts[kind]["jobs"] += lost
         counts[kind]["quarantined"] += lost
-    by_reason = Counter(f"{t}:{r}" for t, r in quarantine.select("table", "reason").iter_rows())
+    by_reason = Counter(f"{t}:{r}" for t, r in quarantine.select("table_name", "reason").iter_rows())
     return BucketReport(bucket, counts, stats.as_dict(), dict(sorted(by_reason.items())), carry)
 
 

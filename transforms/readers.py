@@ -48,7 +48,7 @@ SUFFIXES: dict[str, str] = {
     ".csv.gz": "csv.gz",
 }
 LOCATORS = ("_file", "_row")
-REJECT_COLUMNS = ("table", "source_file", "source_row", "reason", "detail", "payload")
+REJECT_COLUMNS = ("table_name", "source_file", "source_row", "reason", "detail", "payload")
 MAX_FIELD_CHARS = 65_536  # a longer string field is quarantined, not carried into the lake
 ISO_AWARE = ("%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f%#z")
 ISO_NAIVE = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d")
@@ -124,7 +124,7 @@ class TableRead:
 def empty_rejects() -> pl.DataFrame:
     return pl.DataFrame(
         schema={
-            "table": pl.String,
+            "table_name": pl.String,
             "source_file": pl.String,
             "source_row": pl.Int64,
             "reason": pl.String,
@@ -155,7 +155,7 @@ def reject_rows(
     as_expr = lambda v: v if isinstance(v, pl.Expr | pl.Series) else pl.lit(v, dtype=pl.String)  # noqa: E731
     payload = pl.struct(data).struct.json_encode() if data else pl.lit(None, dtype=pl.String)
     return rows.select(
-        pl.lit(table).alias("table"),
+        pl.lit(table).alias("table_name"),
         pl.col("_file").alias("source_file"),
         pl.col("_row").cast(pl.Int64).alias("source_row"),
         as_expr(reason).alias("reason"),
@@ -257,7 +257,7 @@ def _loose_jsonl(path: Path, table: str, rel: str, gz: bool) -> tuple[pl.DataFra
     )
     rejects = pl.DataFrame(
         {
-            "table": [table] * len(bad),
+            "table_name": [table] * len(bad),
             "source_file": [rel] * len(bad),
             "source_row": [n for n, _ in bad],
             "reason": ["unparseable_row"] * len(bad),
@@ -586,7 +586,7 @@ def unreadable_rows(
     counted = f"{count:,} rows counted from {source}" if source else "its rows could not be counted"
     return pl.DataFrame(
         {
-            "table": table,
+            "table_name": table,
             "source_file": rel,
             "source_row": pl.int_range(first, first + count, dtype=pl.Int64, eager=True)
             if source

@@ -245,7 +245,7 @@ HISTORY = pa.schema(
 QUARANTINE = pa.schema(
     [
         ("stage", pa.string()),
-        ("table", pa.string()),
+        ("table_name", pa.string()),  # the input table the row came from
         ("source_file", pa.string()),  # relative to the bundle root
         ("source_row", pa.int64()),  # 0-based row (or line) within source_file
         ("reason", pa.string()),

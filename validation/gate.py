@@ -277,7 +277,7 @@ def route(
     declared = suite.schema.names
     rejected = frame.join(tags, on=ROW, how="inner")
     rows = rejected.select(
-        pl.lit(suite.table).alias("table"),
+        pl.lit(suite.table).alias("table_name"),
         pl.col(FILE).alias("source_file"),
         pl.col(FILE_ROW).alias("source_row"),
         "reason",
@@ -302,11 +302,11 @@ def lost_reasons(source: Path, stage: str) -> pl.DataFrame:
     """(table, reason, rows) of the rows ``stage`` rejected (kept flags are not losses), most first."""
     folder = table_dir(source, "quarantine") / f"stage={stage}"
     if not folder.exists():
-        return pl.DataFrame(schema={"table": pl.String, "reason": pl.String, "rows": pl.UInt32})
+        return pl.DataFrame(schema={"table_name": pl.String, "reason": pl.String, "rows": pl.UInt32})
     return (
         pl.scan_parquet(folder / "**" / "*.parquet", hive_partitioning=False)
         .filter(~pl.col("kept"))
-        .group_by("table", "reason")
+        .group_by("table_name", "reason")
         .agg(pl.len().alias("rows"))
         .sort(["rows", "reason"], descending=[True, False])
         .collect()
@@ -345,7 +345,12 @@ def loss_outcomes(
             quarantined if too_many else 0,
             rows_in,
         )
-        top = reasons.filter(pl.col("table") == table).head(TOP_REASONS).select("reason", "rows").to_dicts()
+        top = (
+            reasons.filter(pl.col("table_name") == table)
+            .head(TOP_REASONS)
+            .select("reason", "rows")
+            .to_dicts()
+        )
         for o in (kept, share):
             o.examples = [] if o.success else top
         outcomes += [kept, share]

@@ -115,5 +115,5 @@ def test_records_without_steps_are_quarantined_not_dropped(lake):
     assert summary["counts"]["rationales"] == {"jobs": 21, "ok": 19, "quarantined": 2, "pending": 0}
     assert summary["counts"]["intents"] == {"jobs": 5, "ok": 4, "quarantined": 1, "pending": 0}
     quarantine = read_lake_table(lake.path, "quarantine").filter(pl.col("stage") == "extract")
-    assert sorted(quarantine["table"]) == ["intents", "rationales", "rationales"]
+    assert sorted(quarantine["table_name"]) == ["intents", "rationales", "rationales"]
     assert set(quarantine["reason"]) == {"missing_step"} and not quarantine["kept"].any()

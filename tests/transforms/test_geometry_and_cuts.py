@@ -35,9 +35,9 @@ def ingest(tmp_path: Path, bundle: dict, settings: IngestSettings | None = None,
 
 def quarantined(lake: Path) -> dict[str, list[str]]:
     """Rejected (not kept) rows by reason: their raw source rows, as 'table:row'."""
-    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept")).sort("table", "source_row")
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept")).sort("table_name", "source_row")
     by_reason: dict[str, list[str]] = {}
-    for table, row, reason in rows.select("table", "source_row", "reason").iter_rows():
+    for table, row, reason in rows.select("table_name", "source_row", "reason").iter_rows():
         by_reason.setdefault(reason, []).append(f"{table}:{row}")
     return by_reason
 

@@ -173,8 +173,8 @@ def _ingest(tmp_path: Path, bundle: Bundle, fmt: str = "parquet"):
 def test_fault_is_quarantined_with_its_reason(case, tmp_path):
     mutate, table, reason, expected = CASES[case]
     result, quarantine = _ingest(tmp_path, mutate(tiny_bundle()))
-    hits = quarantine.filter((pl.col("reason") == reason) & (pl.col("table") == table) & ~pl.col("kept"))
-    assert hits.height == expected, quarantine.select("table", "reason", "detail").to_dicts()
+    hits = quarantine.filter((pl.col("reason") == reason) & (pl.col("table_name") == table) & ~pl.col("kept"))
+    assert hits.height == expected, quarantine.select("table_name", "reason", "detail").to_dicts()
     assert result.quarantine_by_reason.get(reason) == expected
     assert all(c.balanced for c in result.counts.values()), result.counts
 
@@ -183,7 +183,7 @@ def test_exact_duplicate_is_merged_and_counted(tmp_path):
     result, quarantine = _ingest(tmp_path, _exact_duplicate_event(tiny_bundle()))
     events = result.counts["events"]
     assert (events.rows_in, events.rows_out, events.duplicates, events.quarantined) == (10, 9, 1, 0)
-    assert quarantine.filter(pl.col("table") == "events").height == 0
+    assert quarantine.filter(pl.col("table_name") == "events").height == 0
 
 
 def test_missing_profile_is_kept_and_flagged(tmp_path):

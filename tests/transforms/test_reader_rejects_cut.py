@@ -56,7 +56,7 @@ def ingest(tmp_path: Path, bundle: dict, fmt: str, settings: IngestSettings | No
 
 def quarantined(lake: Path) -> dict[str, list[int]]:
     """Rejected events rows by reason: their source rows."""
-    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table") == "events"))
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table_name") == "events"))
     by_reason: dict[str, list[int]] = {}
     for row, reason in rows.sort("source_row").select("source_row", "reason").iter_rows():
         by_reason.setdefault(reason, []).append(row)

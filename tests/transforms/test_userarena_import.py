@@ -229,7 +229,7 @@ def ingest_records(root: Path, records: tuple[dict, ...], settings: IngestSettin
 
 
 def event_rejects(lake: Path) -> list[tuple[str, int]]:
-    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table") == "events"))
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table_name") == "events"))
     return sorted(rows.select("reason", "source_row").iter_rows())
 
 

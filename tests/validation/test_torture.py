@@ -54,7 +54,7 @@ INGEST_REASONS = {
 
 def _quarantine(lake: Path) -> tuple[Counter, Counter]:
     rows = read_lake_table(lake, "quarantine").filter(pl.col("stage") == "ingest")
-    pairs = rows.select("table", "reason", "kept").iter_rows()
+    pairs = rows.select("table_name", "reason", "kept").iter_rows()
     rejected, flagged = Counter(), Counter()
     for table, reason, kept in pairs:
         (flagged if kept else rejected)[(table, reason)] += 1

@@ -90,7 +90,7 @@ def ingest_quarantine(rejects: list[pl.DataFrame], flags: list[pl.DataFrame]) ->
             _concat(flags).with_columns(pl.lit(True).alias("kept")),
         ],
         how="vertical_relaxed",
-    ).sort("table", "source_file", "source_row", "reason", nulls_last=True)
+    ).sort("table_name", "source_file", "source_row", "reason", nulls_last=True)
 
 
 def count_rows(
@@ -100,7 +100,7 @@ def count_rows(
     duplicates: dict[str, int],
     dropped: dict[str, int],
 ) -> dict[str, TableCount]:
-    per_table = quarantine.group_by("table", "kept").len()
+    per_table = quarantine.group_by("table_name", "kept").len()
     lookup = {(t, k): n for t, k, n in per_table.iter_rows()}
     counts = {
         name: TableCount(
