@@ -164,7 +164,7 @@ def reject_rows(
     )
 
 
-def table_files(root: Path, name: str) -> list[Path]:
+def raw_table_files(root: Path, name: str) -> list[Path]:
     """Part files of one table: ``root/name/**`` or a single ``root/name.<ext>``."""
     folder = root / name
     candidates = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
@@ -628,7 +628,7 @@ def chunk_plan(root: Path, table: str, chunk_rows: int) -> list[Chunk]:
     chunks: list[Chunk] = []
     small: list[Path] = []
     small_rows = 0
-    for path in sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
+    for path in sorted(raw_table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
         meta = _parquet_footer(path)
         rows = meta.num_rows if meta is not None else None
         if rows is not None and rows <= chunk_rows:
@@ -721,7 +721,7 @@ def _loose_parquet_files(paths: list[Path], root: Path) -> pl.DataFrame:
 def estimated_rows(root: Path, table: str) -> int:
     """Rows of a table from Parquet footers, else from file sizes (enough to choose a part count)."""
     total = 0
-    for path in table_files(root, table):
+    for path in raw_table_files(root, table):
         fmt = file_format(path)
         try:
             total += (
@@ -744,7 +744,7 @@ def check_bundle(root: str | Path) -> Path:
     root = Path(root)
     if not root.is_dir():
         raise BundleError(f"The raw bundle folder {root} does not exist or is not a folder.")
-    missing = [t for t in RAW_TABLES if t not in OPTIONAL_TABLES and not table_files(root, t)]
+    missing = [t for t in RAW_TABLES if t not in OPTIONAL_TABLES and not raw_table_files(root, t)]
     if missing:
         raise _no_table(root, missing[0])
     return root
@@ -753,7 +753,7 @@ def check_bundle(root: str | Path) -> Path:
 def read_raw_table(
     root: Path, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
 ) -> TableRead:
-    files = table_files(root, table)
+    files = raw_table_files(root, table)
     if not files:
         if table in OPTIONAL_TABLES:
             empty = (

@@ -25,7 +25,7 @@ from transforms.readers import (
     estimated_rows,
     file_format,
     no_event_marks,
-    table_files,
+    raw_table_files,
 )
 from transforms.rekey import Pseudonymizer
 from transforms.schemas import RAW_TABLES
@@ -234,7 +234,7 @@ def _item_id_column_hashes(root: Path) -> list[pl.Series] | None:
     untouched, so these are the typed rows' hashes (plus those of rows the typing rejects). None
     unless every items file is Parquet with string ids: the full read hashes them then."""
     hashes = []
-    for path in table_files(root, "items"):
+    for path in raw_table_files(root, "items"):
         if file_format(path) != "parquet":
             return None
         try:
