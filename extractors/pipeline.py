@@ -1,13 +1,17 @@
 """Extraction over the lake, one user-bucket partition at a time (plain Python; the flow wraps it).
 
-Per bucket: read ``records`` (+ the users' ``steps`` and their ``items``), build
+Per bucket: read ``records`` (+ the users' ``steps`` and their ``items``) from the lake, build
 the intent jobs (train split only; one per (mode, trajectory)) and the rationale
-jobs (one per recorded action), run the backend, then
+jobs (one per recorded action), run the backend, then write into the stage's staging
+folder (``transforms.lake.Staging``, laid out like the lake):
 
-* write the bucket's intents / rationales / quarantine rows as partial files
-  under ``LAKE/_cache/extract-parts/bucket=K/`` (assembled by ``finalize``), and
-* rewrite ``records/bucket=K`` atomically with ``rationale``, ``response`` and
-  (train rows) ``intent`` filled.
+* the bucket's intents / rationales / quarantine rows as partial files under
+  ``STAGED/.staging/extract-parts/bucket=K/`` (assembled into tables by ``finalize``), and
+* ``records/bucket=K`` with ``rationale``, ``response`` and (train rows) ``intent`` filled.
+
+The lake itself is untouched until the staged tables are swapped in (the flow gates them
+first), so a run killed at any point leaves the lake's previous tables. What it paid for
+is in the response cache: a re-run rebuilds the staged tables from it without asking again.
 
 Accounting per bucket and kind: jobs = ok + quarantined + pending. Pending jobs
 (budget spent, endpoint refusing us) are not failures: a re-run resumes them,
@@ -19,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import threading
 import uuid
 from collections import Counter
@@ -43,9 +46,10 @@ from extractors.rationale import CHECKS, rationale_heuristic, rationale_llm
 from extractors.schemas import Intent, RationaleAnswer
 from extractors.trajectory import STEP_COLUMNS, IntentJob, RationaleJob, Timeline, build_timelines
 from transforms.lake import (
+    STAGING,
+    Staging,
     conform,
     scan_table,
-    swap_into_place,
     table_dir,
     table_files,
     write_quarantine,
@@ -55,9 +59,10 @@ from transforms.records import blank_as_null, gold_missing, response_text, token
 from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, RECORDS, polars_schema
 
 STAGE = "extract"
-PARTS = Path("_cache") / "extract-parts"
+PARTS = Path(STAGING) / "extract-parts"  # scratch of a staging folder: never swapped into the lake
 RUNS = Path("_runs") / "extract"
 KINDS = ("intents", "rationales")
+TABLES = ("intents", "rationales", "records")  # what the stage writes (besides its quarantine rows)
 T = TypeVar("T")
 
 
@@ -409,20 +414,15 @@ def _write_parquet(frame: pl.DataFrame, schema: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_records_partition(lake: str | Path, bucket: int, frame: pl.DataFrame) -> Path:
-    """Atomically replace ``records/bucket=K`` (readers see the old partition or the new one)."""
-    staged = Path(lake) / ".staging" / f"records-{bucket}-{uuid.uuid4().hex[:8]}"
-    target = table_dir(lake, "records") / f"bucket={bucket}"
-    try:
-        _write_parquet(frame, RECORDS, staged / "part-0.parquet")
-        swap_into_place(staged, target)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
+def write_records_partition(staged: str | Path, bucket: int, frame: pl.DataFrame) -> Path:
+    """Write ``records/bucket=K`` into the staging folder ``staged``."""
+    target = table_dir(staged, "records") / f"bucket={bucket}"
+    _write_parquet(frame, RECORDS, target / "part-0.parquet")
     return target
 
 
-def part_path(lake: str | Path, bucket: int, name: str) -> Path:
-    return Path(lake) / PARTS / f"bucket={bucket}" / f"{name}.parquet"
+def part_path(staged: str | Path, bucket: int, name: str) -> Path:
+    return Path(staged) / PARTS / f"bucket={bucket}" / f"{name}.parquet"
 
 
 # --- one bucket, and the whole run ---------------------------------------------------------------
@@ -434,9 +434,14 @@ def _counts(outcomes: list[AnswerOutcome]) -> dict[str, int]:
 
 
 def extract_bucket(
-    lake: str | Path, bucket: int, settings: ExtractSettings, carry: Carry | None = None
+    lake: str | Path,
+    bucket: int,
+    settings: ExtractSettings,
+    carry: Carry | None = None,
+    *,
+    staged: str | Path,
 ) -> BucketReport:
-    """Extract one bucket and write its outputs; see the module docstring."""
+    """Extract one bucket of ``lake`` and write its outputs into ``staged``; see the module docstring."""
     records, timelines = load_bucket(lake, bucket)
     i_jobs, r_jobs = intent_jobs(records, timelines), rationale_jobs(records, timelines)
     label = f"extract bucket {bucket} ({settings.backend})"
@@ -452,14 +457,14 @@ def extract_bucket(
         ],
         how="diagonal",  # aligned by column name
     )
-    _write_parquet(intents, INTENTS, part_path(lake, bucket, "intents"))
-    _write_parquet(rationales, RATIONALES, part_path(lake, bucket, "rationales"))
+    _write_parquet(intents, INTENTS, part_path(staged, bucket, "intents"))
+    _write_parquet(rationales, RATIONALES, part_path(staged, bucket, "rationales"))
     _write_parquet(
         quarantine.with_columns(pl.lit(STAGE).alias("stage")),
         QUARANTINE,
-        part_path(lake, bucket, "quarantine"),
+        part_path(staged, bucket, "quarantine"),
     )
-    write_records_partition(lake, bucket, fill_records(records, intents, rationales, quarantine))
+    write_records_partition(staged, bucket, fill_records(records, intents, rationales, quarantine))
     counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
     for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
         lost = quarantine.filter((pl.col("table_name") == kind) & (pl.col("reason") == "missing_step")).height
@@ -470,19 +475,32 @@ def extract_bucket(
 
 
 def finalize(
-    lake: str | Path, settings: ExtractSettings, reports: list[BucketReport], started: str
+    lake: str | Path,
+    settings: ExtractSettings,
+    reports: list[BucketReport],
+    started: str,
+    *,
+    staged: str | Path,
 ) -> dict[str, Any]:
-    """Assemble the partial outputs into ``intents``, ``rationales`` and the quarantine; write the summary."""
+    """Assemble the partial outputs in ``staged`` into its ``intents``, ``rationales`` and quarantine
+    tables; returns the run's summary (recorded by :func:`record_summary` once the tables are swapped in)."""
     buckets = [r.bucket for r in reports]
     for name in KINDS:
-        parts = [pl.read_parquet(part_path(lake, b, name)) for b in buckets]
+        parts = [pl.read_parquet(part_path(staged, b, name)) for b in buckets]
         schema = INTENTS if name == "intents" else RATIONALES
-        write_table(lake, name, pl.concat(parts) if parts else _frame([], schema), schema=schema)
-    quarantine = [pl.read_parquet(part_path(lake, b, "quarantine")) for b in buckets]
-    write_quarantine(lake, STAGE, pl.concat(quarantine) if quarantine else _frame([], QUARANTINE))
-    summary = summarize(lake, settings, reports, started)
-    record_summary(lake, summary)
-    return summary
+        write_table(staged, name, pl.concat(parts) if parts else _frame([], schema), schema=schema)
+    quarantine = [pl.read_parquet(part_path(staged, b, "quarantine")) for b in buckets]
+    write_quarantine(staged, STAGE, pl.concat(quarantine) if quarantine else _frame([], QUARANTINE))
+    return summarize(lake, settings, reports, started)
+
+
+def kept_rows(summary: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """The gate's accounting per output table: jobs decided this run in, answers accepted out (pending
+    jobs were not decided: a budget stop before the first answer keeps nothing and loses nothing)."""
+    return {
+        kind: {"rows_in": c["jobs"] - c["pending"], "rows_out": c["ok"]}
+        for kind, c in summary["counts"].items()
+    }
 
 
 def summarize(
@@ -549,11 +567,20 @@ def record_summary(lake: str | Path, summary: dict[str, Any]) -> Path:
 
 
 def extract_lake(lake: str | Path, settings: ExtractSettings) -> dict[str, Any]:
-    """The whole stage without Prefect (the flow runs the same steps as tasks)."""
+    """The whole stage without Prefect and without the validation gate: staged, then swapped in
+    (the flow runs the same steps as tasks and gates the staged tables before its swap)."""
     started = datetime.now(UTC).isoformat()
-    reports: list[BucketReport] = []
-    carry = Carry()
-    for bucket in record_buckets(lake):
-        reports.append(extract_bucket(lake, bucket, settings, carry))
-        carry = reports[-1].carry
-    return finalize(lake, settings, reports, started)
+    staging = Staging(lake)
+    staged = staging.open()
+    try:
+        reports: list[BucketReport] = []
+        carry = Carry()
+        for bucket in record_buckets(lake):
+            reports.append(extract_bucket(lake, bucket, settings, carry, staged=staged))
+            carry = reports[-1].carry
+        summary = finalize(lake, settings, reports, started, staged=staged)
+        staging.commit()
+    finally:
+        staging.discard()
+    record_summary(lake, summary)
+    return summary

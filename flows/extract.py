@@ -1,8 +1,12 @@
-"""The extract flow: records -> intents + rationales (+ records filled), one task per user bucket.
+"""The extract flow: records -> staged intents + rationales (+ records filled), one task per user
+bucket -> gate -> lake -> catalog.
 
 Buckets run one after another on purpose: each bucket's requests are already
 concurrent, and the budget and a stop (budget spent, endpoint refusing the
-key) carry from one bucket to the next.
+key) carry from one bucket to the next. Every table is written into the stage's
+staging folder and swapped into the lake only when the gate has passed it; a stopped
+gate or a killed run leaves the lake's previous tables (and the response cache, so a
+re-run asks nothing twice).
 """
 
 from __future__ import annotations
@@ -20,11 +24,21 @@ from rich.console import Console
 from rich.table import Table
 
 from extractors.config import ExtractSettings
-from extractors.pipeline import BucketReport, Carry, extract_bucket, finalize, record_buckets
+from extractors.pipeline import (
+    TABLES,
+    BucketReport,
+    Carry,
+    extract_bucket,
+    finalize,
+    kept_rows,
+    record_buckets,
+    record_summary,
+)
 from flows.catalog import refresh_catalog_task
 from flows.settings import load_settings
 from flows.summary import stage_time
-from flows.validate import gate_task
+from flows.validate import gate_task, staging, swap_staged
+from validation.report import GateError
 
 
 @task(name="list-record-buckets", cache_policy=NO_CACHE)
@@ -37,39 +51,50 @@ def list_buckets(lake: str) -> list[int]:
 
 @task(name="extract-bucket", cache_policy=NO_CACHE)
 def extract_partition(
-    lake: str, bucket: int, settings: ExtractSettings, carry: dict[str, Any]
+    lake: str, staged: str, bucket: int, settings: ExtractSettings, carry: dict[str, Any]
 ) -> dict[str, Any]:
-    report = extract_bucket(lake, bucket, settings, Carry(**carry))
+    """One bucket of ``lake`` extracted into ``staged``; its report (small)."""
+    report = extract_bucket(lake, bucket, settings, Carry(**carry), staged=staged)
     get_run_logger().info("bucket %d: %s", bucket, report.counts)
     return report.to_json()
 
 
 @task(name="assemble-extract-outputs", cache_policy=NO_CACHE)
 def assemble(
-    lake: str, settings: ExtractSettings, reports: list[dict[str, Any]], started: str
+    lake: str, staged: str, settings: ExtractSettings, reports: list[dict[str, Any]], started: str
 ) -> dict[str, Any]:
-    summary = finalize(lake, settings, [BucketReport.from_json(r) for r in reports], started)
+    return finalize(lake, settings, [BucketReport.from_json(r) for r in reports], started, staged=staged)
+
+
+@task(name="record-extract-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+def record_run(lake: str, summary: dict[str, Any]) -> str:
+    """``LAKE/_runs/extract/latest.json`` (and a stamped copy) and the Prefect markdown artifact."""
     create_markdown_artifact(
         key="extract-summary", markdown=summary_markdown(summary), description=f"extract of {lake}"
     )
-    return summary
+    return str(record_summary(lake, summary))
 
 
 @flow(name="extract")
 def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str, Any]:
-    """Intents (train trajectories) and rationales (every recorded action) into the lake."""
+    """Intents (train trajectories) and rationales (every recorded action), staged, gated, then
+    swapped into the lake with the records they fill."""
     settings = settings or ExtractSettings()
     clock = time.perf_counter()
     started = datetime.now(UTC).isoformat()
-    reports: list[dict[str, Any]] = []
-    carry: dict[str, Any] = {}
-    for bucket in list_buckets(lake):
-        reports.append(extract_partition(lake, bucket, settings, carry))
-        carry = reports[-1]["carry"]
-    summary = assemble(lake, settings, reports, started)
-    refresh_catalog_task(lake)  # intents and rationales are new tables: SQL sees them right away
-    summary["validation"] = gate_task(lake, ["intents", "rationales", "records"], stage="extract")["run_id"]
+    with staging(lake) as staged:
+        reports: list[dict[str, Any]] = []
+        carry: dict[str, Any] = {}
+        for bucket in list_buckets(lake):
+            reports.append(extract_partition(lake, staged, bucket, settings, carry))
+            carry = reports[-1]["carry"]
+        summary = assemble(lake, staged, settings, reports, started)
+        gate = gate_task(lake, list(TABLES), stage="extract", staged=staged, accounting=kept_rows(summary))
+        summary["validation"] = gate["run_id"]
+        swap_staged(lake, staged)
+    refresh_catalog_task(lake)  # intents and rationales may be new tables: SQL sees them right away
     summary["seconds"] = round(time.perf_counter() - clock, 3)
+    record_run(lake, summary)
     return summary
 
 
@@ -129,7 +154,8 @@ def extract_command(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
     request_timeout: Annotated[float | None, typer.Option("--timeout", help="per-request seconds")] = None,
 ) -> dict[str, Any]:
-    """Extract intents and rationales and fill the gold responses in ``records``."""
+    """Extract intents and rationales and fill the gold responses in ``records``; exit 1 if the
+    validation gate stops the run (the lake keeps its previous tables)."""
     settings = load_settings(
         ExtractSettings,
         "extract",
@@ -143,7 +169,12 @@ def extract_command(
         max_tokens=max_tokens,
         request_timeout_s=request_timeout,
     )
-    summary = extract_flow(str(Path(lake).resolve()), settings=settings)
+    try:
+        summary = extract_flow(str(Path(lake).resolve()), settings=settings)
+    except GateError as err:
+        from flows.cli import stopped  # the CLI's own stop: one paragraph, exit code 1
+
+        raise stopped(err) from None
     print_summary(Console(), summary)
     return summary
 
