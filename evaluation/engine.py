@@ -73,13 +73,13 @@ def finished_sessions(path: Path) -> set[str]:
     return {json.loads(line)["session_id"] for line in complete.splitlines() if line.strip()}
 
 
-def manifest_path(traces: Path) -> Path:
+def traces_manifest_path(traces: Path) -> Path:
     return traces.with_name(traces.stem + ".manifest.json")
 
 
 def claim_manifest(traces: Path, run: dict[str, Any], sessions: int) -> dict[str, Any]:
     """Write (or, resuming, check and update) the manifest of ``traces``; returns what was written."""
-    path = manifest_path(traces)
+    path = traces_manifest_path(traces)
     previous = json.loads(path.read_text()) if path.exists() and traces.exists() else None
     if previous is not None and previous["run"] != run:
         raise ManifestMismatch(
