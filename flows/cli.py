@@ -231,12 +231,13 @@ def run(
     seed: Annotated[int, typer.Option("--seed")] = 7,
     config: RunConfig = None,
 ) -> None:
-    """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow
-    (ingest, chain, records, offline extraction, every stage validated)."""
+    """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow (ingest,
+    chain, records, offline extraction, every stage validated) -> SFT, then OPTD -> the checkpoint's
+    evaluation report against the world, markov and random."""
     from extractors.config import ExtractSettings
     from flows.chain import print_chain_summary
     from flows.extract import print_summary as print_extract_summary
-    from flows.pipeline import pipeline_flow
+    from flows.main_job import MainJobSettings, demo_optd, demo_training, main_job_flow
     from flows.records import print_records_summary
     from transforms.prompts import PromptSettings
     from transforms.readers import BundleError
@@ -247,14 +248,17 @@ def run(
         "settings": load_settings(IngestSettings, "ingest", config),
         "records": load_settings(PromptSettings, "records", config),
         "extract": load_settings(ExtractSettings, "extract", config),
+        "train": demo_training(toml_section(config, "train")),
+        "optd": demo_optd(toml_section(config, "optd")),
+        "job": load_settings(MainJobSettings, "main_job", config),
     }
     raw, lake = workdir / "raw", workdir / "lake"
     synth(out=raw, users=users, seed=seed, fmt="parquet")
     try:
         with progress_bar(console) as bar:
-            bar.add_task("pipeline: ingest -> chain -> records -> extract -> records (gated)", total=None)
-            result = pipeline_flow(str(raw.resolve()), str(lake.resolve()), **stages)
-    except (BundleError, GateError) as err:
+            bar.add_task("main job: pipeline (gated) -> train sft -> train optd -> evaluate", total=None)
+            result = main_job_flow(str(raw.resolve()), str(workdir.resolve()), **stages)
+    except (BundleError, GateError, ValueError) as err:
         raise stopped(err) from None
     print_ingest_summary(console, result["ingest"])
     print_chain_summary(console, result["chain"])
@@ -263,7 +267,20 @@ def run(
     catalog = (lake / "warehouse.duckdb").resolve()
     console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")
     console.print(f'try: trajforge sql --lake {lake} "SELECT * FROM action_mix()"')
+    console.print(f"[bold]SFT teacher:[/bold] {result['teacher']}")
+    console.print(f"[bold]checkpoint (OPTD):[/bold] {result['checkpoint']}")
+    evaluation = result["evaluation"]
+    console.print(
+        f"[bold]evaluation report:[/bold] {evaluation['html']}   [bold]figures:[/bold] {evaluation['json']}"
+    )
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
+
+
+def toml_section(config: Path | None, section: str) -> dict:
+    """``[section]`` of the TOML file ``config`` (empty without one)."""
+    import tomllib
+
+    return tomllib.loads(config.read_text()).get(section, {}) if config else {}
 
 
 @app.command()

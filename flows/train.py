@@ -15,12 +15,13 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
 from trainer.config import TrainSettings, load_train_settings
+from trainer.optd_config import OPTDSettings, load_optd_settings
 
 Stage = Literal["sft", "optd"]
 
 
 class StageNotAvailable(RuntimeError):
-    """A training stage this build cannot run yet."""
+    """A training stage that cannot run with the arguments given."""
 
 
 @task(name="train-sft", cache_policy=NO_CACHE)
@@ -30,6 +31,15 @@ def sft_task(lake: str, out: str, base: str | None, settings: TrainSettings, res
     return asdict(run_sft(settings, lake, out, base=base, resume=resume))
 
 
+@task(name="train-optd", cache_policy=NO_CACHE)
+def optd_task(
+    lake: str, out: str, base: str, settings: TrainSettings, optd: OPTDSettings | None, resume: bool
+) -> dict[str, Any]:
+    from trainer.optd_run import run_optd
+
+    return asdict(run_optd(settings, optd or OPTDSettings(), lake, out, base, resume=resume))
+
+
 @task(name="record-train-run", cache_policy=NO_CACHE)
 def record_run(stage: str, summary: dict[str, Any]) -> None:
     create_markdown_artifact(
@@ -37,17 +47,29 @@ def record_run(stage: str, summary: dict[str, Any]) -> None:
     )
 
 
-def summary_markdown(stage: str, s: dict[str, Any]) -> str:
-    def loss(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.4f}"
+def _value(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
+
+def held_out_markdown(s: dict[str, Any]) -> str:
+    if "held_out_loss_start" in s:  # sft
+        start, end = s["held_out_loss_start"], s["held_out_loss_end"]
+        return f"held-out loss ({s['held_out_states']} states): {_value(start)} -> {_value(end)}"
+    start, end = s["held_out_start"] or {}, s["held_out_end"] or {}
+    rows = "\n".join(
+        f"| {name} | {_value(start.get(name))} | {_value(end.get(name))} |"
+        for name in start.keys() | end.keys()
+    )
+    return f"held-out states: {s['held_out_states']}\n\n| measure | start | end |\n|---|---:|---:|\n{rows}"
+
+
+def summary_markdown(stage: str, s: dict[str, Any]) -> str:
     left_out = "\n".join(f"| {k} | {v:,} |" for k, v in s["left_out"].items()) or "| – | 0 |"
     return (
         f"# Train ({stage})\n\n"
         f"{s['steps']} updates ({s['skipped_steps']} skipped as non-finite) "
         f"on {s['train_states']:,} states\n\n"
-        f"held-out loss ({s['held_out_states']} states): {loss(s['held_out_loss_start'])} -> "
-        f"{loss(s['held_out_loss_end'])}\n\n"
+        f"{held_out_markdown(s)}\n\n"
         f"| left out | records |\n|---|---:|\n{left_out}\n\n"
         f"checkpoint: `{s['checkpoint']}`, data hash `{s['data_hash'][:16]}`\n"
     )
@@ -61,14 +83,21 @@ def train_flow(
     base: str | None = None,
     settings: TrainSettings | None = None,
     resume: bool = False,
+    optd: OPTDSettings | None = None,
 ) -> str:
-    """Train ``stage`` on ``lake``'s records into ``out``; returns the final checkpoint folder."""
-    if stage != "sft":
-        raise StageNotAvailable(f"the {stage} stage is not available yet: only --stage sft can be trained")
-    summary = sft_task(lake, out, base, settings or TrainSettings(), resume)
-    get_run_logger().info(
-        "held-out loss %s -> %s", summary["held_out_loss_start"], summary["held_out_loss_end"]
-    )
+    """Train ``stage`` on ``lake``'s records into ``out``; returns the final checkpoint folder.
+
+    ``sft`` starts from ``base`` (a pretrained folder) or the tiny default; ``optd`` needs
+    ``base``: the SFT checkpoint, frozen as the teacher and copied as the student's start.
+    """
+    settings = settings or TrainSettings()
+    if stage == "sft":
+        summary = sft_task(lake, out, base, settings, resume)
+    elif base is None:
+        raise StageNotAvailable("--stage optd needs --base: the SFT checkpoint (teacher and student start)")
+    else:
+        summary = optd_task(lake, out, base, settings, optd, resume)
+    get_run_logger().info("%s", held_out_markdown(summary))
     record_run(stage, summary)
     return summary["checkpoint"]
 
@@ -78,7 +107,11 @@ def train_command(
     stage: Annotated[str, typer.Option("--stage", help="sft | optd")],
     out: Annotated[Path, typer.Option("--out", help="run folder: checkpoints, metrics.jsonl, summary.json")],
     base: Annotated[
-        Path | None, typer.Option("--base", help="model folder to start from (default: the tiny model)")
+        Path | None,
+        typer.Option(
+            "--base",
+            help="sft: a pretrained model folder (default: the tiny model); optd: the SFT checkpoint",
+        ),
     ] = None,
     config: Annotated[
         Path | None,
@@ -95,6 +128,7 @@ def train_command(
         console.print(f"[red]stopped:[/red] unknown stage {stage!r}: sft | optd")
         raise typer.Exit(1)
     settings = load_train_settings(config)
+    optd = load_optd_settings(config) if stage == "optd" else None
     started = time.perf_counter()
     try:
         checkpoint = train_flow(
@@ -104,6 +138,7 @@ def train_command(
             base=str(base.resolve()) if base else None,
             settings=settings,
             resume=resume,
+            optd=optd,
         )
     except (StageNotAvailable, FileNotFoundError, ValueError) as err:
         console.print(f"[red]stopped:[/red] {err}", soft_wrap=True)

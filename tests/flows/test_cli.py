@@ -22,11 +22,24 @@ from transforms.lake import read_lake_table
 runner = CliRunner()
 
 
-def test_main_job_builds_a_queryable_lake(prefect_harness, tmp_path):
+def test_main_job_builds_a_queryable_lake_a_checkpoint_and_a_report(prefect_harness, tmp_path):
     result = runner.invoke(app, ["run", "--users", "40", "--seed", "5", "--workdir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     lake = tmp_path / "lake"
     assert "main job finished" in result.output
+    # the OPTD checkpoint is a Hugging Face folder distilled from the SFT teacher
+    checkpoints = sorted((tmp_path / "train" / "optd" / "checkpoints").glob("step-*"))
+    assert checkpoints and (checkpoints[-1] / "config.json").is_file()
+    assert (checkpoints[-1] / "model.safetensors").is_file()
+    report = json.loads((tmp_path / "evaluation" / "report.json").read_text())
+    assert [spec.split(":")[0] for spec in report["simulators"]] == [
+        "checkpoint",
+        "world",
+        "markov",
+        "random",
+    ]
+    assert str(checkpoints[-1]) in next(iter(report["simulators"]))
+    assert "<img" in (tmp_path / "evaluation" / "report.html").read_text()
     for table in ("steps", "sessions", "histories", "records"):
         assert query(lake, f"SELECT count(*) AS n FROM {table}")["n"][0] > 0, table
     mix = runner.invoke(app, ["sql", "--lake", str(lake), "SELECT * FROM action_mix()"])

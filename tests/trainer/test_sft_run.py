@@ -172,7 +172,7 @@ def test_cli_trains_sft_end_to_end(prefect_harness, tiny_lake, tmp_path):
     optd = runner.invoke(
         app, ["train", "--lake", str(tiny_lake), "--stage", "optd", "--out", str(tmp_path / "o")]
     )
-    assert optd.exit_code == 1 and "not available yet" in optd.output
+    assert optd.exit_code == 1 and "needs --base" in optd.output
 
 
 def foreign_checkpoint(folder: Path, texts: list[str]) -> Path:

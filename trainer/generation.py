@@ -1,0 +1,211 @@
+"""On-policy sampling behind one interface: batched Hugging Face ``generate`` or a vLLM engine.
+
+A generator turns a batch of prompt ids into response ids sampled from the student's current
+weights, and stamps them with the policy version (the number of optimiser updates the weights
+have seen). The OPTD step checks the stamp against the trainer's update count: a sample from
+older weights would not be on-policy, and the step refuses it.
+
+Only torch and transformers are imported here; vLLM is imported when a ``VLLMGenerator`` is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How responses are sampled (reference: temperature 0.8, up to 512 new tokens, eos kept)."""
+
+    temperature: float = 0.8
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Sampled responses, one id list per prompt (ending with eos unless cut at ``max_new_tokens``)."""
+
+    response_ids: list[list[int]]
+    policy_version: int
+
+
+class Generator(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]]) -> Generated: ...
+
+    def sync(self, model: PreTrainedModel, policy_version: int) -> None:
+        """Make the next samples come from ``model``'s weights, which have seen ``policy_version`` updates."""
+        ...
+
+
+class StalePolicy(RuntimeError):
+    """Samples came from weights older than the ones being trained."""
+
+
+def cut_at_eos(ids: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
+    """``ids`` up to and including the first eos (what follows is the batch's filler), or all of them:
+    a row that ran to ``max_new_tokens`` has no filler, and every token of it was sampled."""
+    for end, token in enumerate(ids):
+        if token in eos_ids:
+            return list(ids[: end + 1])
+    return list(ids)
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt ids padded on the left (so every row's next token is at the same column) and the mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def eos_ids_of(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> list[int]:
+    """The tokenizer's eos and any the model's generation config adds (chat models often stop on two)."""
+    configured = model.generation_config.eos_token_id
+    extra = configured if isinstance(configured, list) else [configured]
+    return sorted({tokenizer.eos_token_id, *(e for e in extra if e is not None)})
+
+
+class HFGenerator:
+    """Batched ``generate`` on the training model itself: always the current weights (no copy to sync)."""
+
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sampling: SamplingSettings
+    ) -> None:
+        self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
+        self.policy_version = 0
+        self.eos_ids = eos_ids_of(tokenizer, model)
+
+    def config(self) -> GenerationConfig:
+        """Plain sampling from the model's distribution: no top-k or repetition penalty a checkpoint
+        may ship with (the loss compares full distributions); padded-vocabulary rows suppressed."""
+        return GenerationConfig(
+            do_sample=True,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=0,
+            repetition_penalty=1.0,
+            max_new_tokens=self.sampling.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            bos_token_id=self.tokenizer.bos_token_id,
+            suppress_tokens=self.model.generation_config.suppress_tokens,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]]) -> Generated:
+        if not prompts:
+            return Generated([], self.policy_version)
+        device = next(self.model.parameters()).device
+        ids, mask = left_padded(prompts, self.tokenizer.pad_token_id)
+        training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=self.config()
+            )
+        finally:
+            self.model.train(training)
+        new = out[:, ids.shape[1] :].tolist()
+        return Generated([cut_at_eos(row, self.eos_ids) for row in new], self.policy_version)
+
+    def sync(self, model: PreTrainedModel, policy_version: int) -> None:
+        if model is not self.model:
+            raise ValueError("an HFGenerator samples from the model it was built with")
+        self.policy_version = policy_version
+
+
+def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
+    """Runs inside vLLM's worker (``collective_rpc``): load the trainer's named tensors into its model."""
+    worker.model_runner.model.load_weights(weights=weights)
+    return len(weights)
+
+
+class VLLMGenerator:
+    """A vLLM engine in the training process, sharing the GPU by sleeping while the trainer works.
+
+    Written against vLLM's documented offline API (``LLM(..., enable_sleep_mode=True)``,
+    ``sleep(level=1)``, ``wake_up(tags=[...])``, ``collective_rpc``); it needs a GPU and vLLM
+    in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the weight tensors need no pickling).
+    After every optimiser update ``sync`` copies the trainer's weights into the engine and stamps
+    the version; ``generate`` wakes the KV cache, samples and sleeps again.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling: SamplingSettings,
+        *,
+        gpu_memory_utilization: float = 0.3,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+    ) -> None:
+        from vllm import LLM  # optional extra: a GPU machine with vLLM installed
+
+        self.llm = LLM(
+            model=str(checkpoint),
+            dtype=dtype,
+            enable_sleep_mode=True,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            skip_tokenizer_init=True,  # prompts arrive as ids; responses leave as ids
+        )
+        self.tokenizer, self.sampling = tokenizer, sampling
+        self.eos_ids = [tokenizer.eos_token_id]
+        self.policy_version = 0
+        self.llm.sleep(level=1)
+
+    def sampling_params(self) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=-1,
+            max_tokens=self.sampling.max_new_tokens,
+            stop_token_ids=self.eos_ids,
+            skip_special_tokens=False,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]]) -> Generated:
+        from vllm.inputs import TokensPrompt
+
+        self.llm.wake_up()
+        try:
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                self.sampling_params(),
+                use_tqdm=False,
+            )
+        finally:
+            self.llm.sleep(level=1)
+        responses = [cut_at_eos(list(o.outputs[0].token_ids), self.eos_ids) for o in outputs]
+        return Generated(responses, self.policy_version)
+
+    def sync(self, model: PreTrainedModel, policy_version: int) -> None:
+        # weights first, alone, so the old KV cache and the new weights are never resident together
+        self.llm.wake_up(tags=["weights"])
+        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        self.llm.collective_rpc(_load_weights_in_worker, args=(weights,))
+        self.llm.sleep(level=1)
+        self.policy_version = policy_version
+
+
+def check_on_policy(generated: Generated, trainer_updates: int) -> None:
+    """Refuse samples from weights other than the current ones (zero staleness)."""
+    if generated.policy_version != trainer_updates:
+        raise StalePolicy(
+            f"samples come from policy version {generated.policy_version}, "
+            f"the student has had {trainer_updates} updates"
+        )

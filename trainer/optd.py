@@ -1,0 +1,250 @@
+"""The OPTD step (OPTD.md §2): on-policy samples scored by a frozen teacher with and without the intent.
+
+Per update: the student samples a whole response for each of its states; the teacher (the
+SFT checkpoint, frozen) scores those response **ids** after the plain prompt and after the
+privileged prompt (the trajectory's intent appended to the user turn); the student scores
+them with gradients, and the gold response for the grounding term. Only the final hidden
+states of response positions are kept; the objective projects them through the LM heads
+chunk by chunk. Each context ends with the response, so the k-th response token sits at
+the same offset from the right end in every context, whatever each prompt's length.
+
+Only torch and transformers are imported: the module runs on a machine without the data stack.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from trainer.data import Batch, EncodedState, RecordText, collate, prompt_ids
+from trainer.distributed import full_tensor, gradient_sync
+from trainer.loop import LossSums, PhaseTimer, split
+from trainer.objective import ObjectiveSettings, OPTDLoss, optd_loss_from_hidden
+
+INTENT_HEADING = "## Your intent over this whole trajectory"
+
+
+# --- states -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OPTDState:
+    """A training state and its privileged prompt (the teacher's only extra context)."""
+
+    state: EncodedState
+    privileged_prompt_ids: list[int]
+
+    @property
+    def record(self) -> RecordText:
+        return self.state.record
+
+
+def privileged_messages(record: RecordText) -> list[dict[str, str]]:
+    """The student's messages with the trajectory intent z_u appended to the user turn."""
+    if not record.intent:
+        raise ValueError(f"{record.key} has no intent: it cannot be a distillation state")
+    user = f"{record.prompt}\n\n{INTENT_HEADING}\n{record.intent}"
+    return [{"role": "system", "content": record.system}, {"role": "user", "content": user}]
+
+
+def optd_states(
+    states: Sequence[EncodedState], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
+) -> tuple[list[OPTDState], Counter[str]]:
+    """States that have an intent, with their privileged prompts; the others counted by reason."""
+    left_out: Counter[str] = Counter()
+    kept = []
+    for state in states:
+        if not state.record.intent:
+            left_out["no_intent"] += 1
+            continue
+        privileged = prompt_ids(tokenizer, privileged_messages(state.record))
+        if len(privileged) > max_prompt_tokens:
+            left_out["privileged_prompt_too_long"] += 1
+            continue
+        kept.append(OPTDState(state, privileged))
+    return kept, left_out
+
+
+# --- the models' final hidden states --------------------------------------------------------
+
+
+class HiddenStates(nn.Module):
+    """The decoder body of a causal LM: final hidden states, no LM head (what DDP or FSDP wraps)."""
+
+    def __init__(self, lm: PreTrainedModel) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def head(self) -> tuple[Tensor, Tensor | None]:
+        """The LM head's weight and bias, whole (gathered when sharded)."""
+        head = self.lm.get_output_embeddings()
+        bias = None if head.bias is None else full_tensor(head.bias)
+        return full_tensor(head.weight), bias
+
+
+def response_positions(body: nn.Module, batch: Batch) -> Tensor:
+    """Final hidden states [N, H] at the positions that predict the batch's response tokens."""
+    return body(batch.input_ids, batch.attention_mask)[batch.rows, batch.positions]
+
+
+def after(
+    states: Sequence[OPTDState], responses: Sequence[list[int]], privileged: bool
+) -> list[EncodedState]:
+    """Each state's (plain or privileged) prompt followed by its sampled response ids, as they are."""
+    return [
+        EncodedState(s.record, s.privileged_prompt_ids if privileged else s.state.prompt_ids, list(r))
+        for s, r in zip(states, responses, strict=True)
+    ]
+
+
+# --- one update's micro-batches -------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """One micro-batch: sampled responses in the student's context, gold responses, teacher states."""
+
+    sampled: Batch  # plain prompt + sampled response: the student's context and the plain teacher's
+    privileged: Batch  # privileged prompt + the same sampled response: the intent teacher's context
+    gold: Batch  # plain prompt + gold response (grounding)
+    base_hidden: Tensor  # teacher, plain prompt, at the positions of ``sampled``
+    intent_hidden: Tensor  # teacher, privileged prompt, at the positions of ``privileged``
+    n_states: int
+    last: bool = True  # the update's last micro-batch on this rank: its backward syncs the gradients
+
+
+@torch.no_grad()
+def teacher_pass(teacher: HiddenStates, batch: Batch) -> Tensor:
+    return response_positions(teacher, batch)
+
+
+def build_rollouts(
+    states: Sequence[OPTDState],
+    responses: Sequence[list[int]],
+    teacher: HiddenStates,
+    pad_id: int,
+    micro_batch_states: int,
+    device: torch.device,
+    timer: PhaseTimer,
+    cast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> list[Rollout]:
+    """Micro-batches of the update with both teacher passes done (frozen: eval, no grad; ``cast``: the
+    trainer's autocast, so the teacher runs in the student's precision)."""
+    teacher.eval()
+    rollouts = []
+    chunks = split(list(zip(states, responses, strict=True)), micro_batch_states)
+    for index, chunk in enumerate(chunks):
+        chunk_states, chunk_responses = [s for s, _ in chunk], [r for _, r in chunk]
+        plain = collate(after(chunk_states, chunk_responses, privileged=False), pad_id).to(device)
+        privileged = collate(after(chunk_states, chunk_responses, privileged=True), pad_id).to(device)
+        if not torch.equal(plain.labels, privileged.labels):
+            raise RuntimeError("plain and privileged contexts must end with the same response ids")
+        with timer.phase("teacher_plain"), cast():
+            base_hidden = teacher_pass(teacher, plain)
+        with timer.phase("teacher_intent"), cast():
+            intent_hidden = teacher_pass(teacher, privileged)
+        gold = collate([s.state for s in chunk_states], pad_id).to(device)
+        last = index == len(chunks) - 1
+        rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last))
+    return rollouts
+
+
+PART_NAMES = ("distillation", "grounding", "mean_lambda", "binding_share", "guidance_kl")
+
+
+@dataclass
+class OPTDObjective:
+    """The loss over one micro-batch as the trainer wants it: sums over states (divided later)."""
+
+    head: Callable[[], tuple[Tensor, Tensor | None]]  # the student's head (gathered when sharded)
+    teacher_head: tuple[Tensor, Tensor | None]
+    vocab_size: int
+    settings: ObjectiveSettings
+    chunk_size: int
+    timer: PhaseTimer | None = None  # student-side phases, kept apart from the step's own timer
+
+    def __call__(self, body: nn.Module, rollout: Rollout) -> LossSums:
+        timer = self.timer or PhaseTimer(rollout.sampled.input_ids.device)
+        gradient_sync(body, rollout.last)
+        with timer.phase("student_forward"):
+            student_hidden = response_positions(body, rollout.sampled)
+        with timer.phase("grounding_forward"):
+            gold_hidden = response_positions(body, rollout.gold)
+        with timer.phase("loss"):
+            loss = self.loss(student_hidden, gold_hidden, rollout)
+        n = rollout.n_states  # state means -> state sums
+        parts = {name: getattr(loss, name).detach() * n for name in PART_NAMES}
+        tokens = rollout.sampled.n_tokens + rollout.gold.n_tokens
+        return LossSums(total=loss.total * n, parts=parts, tokens=tokens)
+
+    def loss(self, student_hidden: Tensor, gold_hidden: Tensor, rollout: Rollout) -> OPTDLoss:
+        weight, bias = self.head()
+        teacher_weight, teacher_bias = self.teacher_head
+        return optd_loss_from_hidden(
+            student_hidden,
+            rollout.base_hidden,
+            rollout.intent_hidden,
+            rollout.sampled.owner,
+            gold_hidden,
+            rollout.gold.labels,
+            rollout.gold.owner,
+            weight,
+            bias,
+            teacher_head_weight=teacher_weight,
+            teacher_head_bias=teacher_bias,
+            vocab_size=self.vocab_size,
+            settings=self.settings,
+            num_states=rollout.n_states,
+            chunk_size=self.chunk_size,
+        )
+
+    def detached(self) -> OPTDObjective:
+        """The same objective with the student's head detached (evaluation: no gradient buffers)."""
+        weight, bias = self.head()
+        fixed = (weight.detach(), None if bias is None else bias.detach())
+        return replace(self, head=lambda: fixed, timer=None)
+
+
+@torch.no_grad()
+def objective_value(
+    student: HiddenStates, objective: OPTDObjective, rollouts: list[Rollout]
+) -> dict[str, float]:
+    """The OPTD objective and its parts, means over the rollouts' states (no update)."""
+    student.eval()
+    fixed = objective.detached()
+    sums: dict[str, float] = {}
+    n_states = 0
+    for rollout in rollouts:
+        student_hidden = response_positions(student, rollout.sampled).detach()
+        gold_hidden = response_positions(student, rollout.gold).detach()
+        loss = fixed.loss(student_hidden, gold_hidden, rollout)
+        for name in ("total", *PART_NAMES):
+            sums[name] = sums.get(name, 0.0) + float(getattr(loss, name)) * rollout.n_states
+        n_states += rollout.n_states
+    return {("objective" if k == "total" else k): v / n_states for k, v in sums.items()}
+
+
+def response_shares(tokenizer: PreTrainedTokenizerBase, responses: Sequence[list[int]]) -> dict[str, float]:
+    """Share of responses in the PROTOCOL §2 format, and of those naming one of the 13 actions.
+
+    The records carry the rendered prompt, not the observation, so whether an action is
+    executable on that screen is the evaluation's check; here the response's own validity is.
+    """
+    from transforms.prompts.parse import Candidate, parse_response  # the data stack, for reports only
+    from transforms.schemas import ACTIONS
+
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    verdicts = [parse_response(text) for text in texts]
+    parsed = [v for v in verdicts if isinstance(v, Candidate)]
+    n = max(len(verdicts), 1)
+    return {"parse_share": len(parsed) / n, "known_action_share": sum(v.type in ACTIONS for v in parsed) / n}
