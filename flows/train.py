@@ -14,8 +14,9 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
-from trainer.config import TrainSettings, load_train_settings
-from trainer.optd_config import OPTDSettings, load_optd_settings
+from flows.settings import load_settings
+from trainer.config import TrainSettings
+from trainer.optd_config import OPTDSettings
 
 Stage = Literal["sft", "optd"]
 
@@ -127,8 +128,8 @@ def train_command(
     if stage not in ("sft", "optd"):
         console.print(f"[red]stopped:[/red] unknown stage {stage!r}: sft | optd")
         raise typer.Exit(1)
-    settings = load_train_settings(config)
-    optd = load_optd_settings(config) if stage == "optd" else None
+    settings = load_settings(TrainSettings, "train", config)
+    optd = load_settings(OPTDSettings, "optd", config) if stage == "optd" else None
     started = time.perf_counter()
     try:
         checkpoint = train_flow(

@@ -9,8 +9,6 @@ q_i proportional to n_i^0.3 and uses LR 2e-7.
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -88,10 +86,3 @@ class TrainSettings(BaseSettings):
         if self.micro_batch_states > self.states_per_update:
             raise ValueError("micro_batch_states cannot exceed states_per_update")
         return self
-
-
-def load_train_settings(config: Path | None = None, **overrides: object) -> TrainSettings:
-    """Settings from TOML ``[train]`` (if given), then environment, then explicit overrides."""
-    values = tomllib.loads(config.read_text()).get("train", {}) if config else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return TrainSettings(**values)

@@ -6,8 +6,6 @@ so the command line reads them without loading torch.
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
@@ -52,10 +50,3 @@ class OPTDSettings(BaseModel):
         from trainer.generation import SamplingSettings
 
         return SamplingSettings(self.temperature, self.top_p, self.max_new_tokens)
-
-
-def load_optd_settings(config: Path | None = None, **overrides: object) -> OPTDSettings:
-    """OPTD settings from TOML ``[optd]`` (if given), then explicit overrides."""
-    values = tomllib.loads(config.read_text()).get("optd", {}) if config else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return OPTDSettings(**values)
