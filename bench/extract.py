@@ -219,7 +219,7 @@ def bench_served(folder: Path | None, sessions: list[str], args: argparse.Namesp
     from extractors.pipeline import extract_lake
     from tests.extractors.tinylake import write_sessions_lake
     from trainer.pretrained import convert_smollm2, served
-    from transforms.lake import read_table
+    from transforms.lake import read_lake_table
 
     folder = folder or convert_smollm2()
     with tempfile.TemporaryDirectory() as tmp, served(folder, log=Path(tmp) / "serve.log") as base_url:
@@ -238,7 +238,7 @@ def bench_served(folder: Path | None, sessions: list[str], args: argparse.Namesp
         wall = time.perf_counter()
         summary = extract_lake(lake, settings)
         wall = time.perf_counter() - wall
-        attempts = pl.concat([read_table(lake, t).select("attempts") for t in ("intents", "rationales")])
+        attempts = pl.concat([read_lake_table(lake, t).select("attempts") for t in ("intents", "rationales")])
     first, reasked = int((attempts["attempts"] == 1).sum()), int((attempts["attempts"] > 1).sum())
     return ServedRun(folder, sessions, settings, summary, first, reasked, wall)
 

@@ -42,7 +42,7 @@ class ManifestMismatch(ValueError):
 
 
 @dataclass(frozen=True)
-class RunSummary:
+class RolloutSummary:
     """What one call wrote: sessions written now, sessions found finished and skipped, outputs asked."""
 
     path: str
@@ -73,13 +73,13 @@ def finished_sessions(path: Path) -> set[str]:
     return {json.loads(line)["session_id"] for line in complete.splitlines() if line.strip()}
 
 
-def manifest_path(traces: Path) -> Path:
+def traces_manifest_path(traces: Path) -> Path:
     return traces.with_name(traces.stem + ".manifest.json")
 
 
 def claim_manifest(traces: Path, run: dict[str, Any], sessions: int) -> dict[str, Any]:
     """Write (or, resuming, check and update) the manifest of ``traces``; returns what was written."""
-    path = manifest_path(traces)
+    path = traces_manifest_path(traces)
     previous = json.loads(path.read_text()) if path.exists() and traces.exists() else None
     if previous is not None and previous["run"] != run:
         raise ManifestMismatch(
@@ -165,7 +165,7 @@ def roll_out(
     source: str,
     settings: EnvironmentSettings | None = None,
     batch_size: int = DEFAULT_BATCH,
-) -> RunSummary:
+) -> RolloutSummary:
     """Roll every session out with ``simulator`` into the trace file ``path`` (appending, resumable).
 
     A :class:`ConcurrentSimulator` drives up to its concurrency of episodes independently; any other
@@ -180,7 +180,7 @@ def roll_out(
             outputs = simulator.run(drive_concurrently(waiting, s, simulator, writer))
         else:
             outputs = drive_in_batches(waiting, s, simulator, writer, batch_size)
-    return RunSummary(str(path), writer.written, resumed, outputs)
+    return RolloutSummary(str(path), writer.written, resumed, outputs)
 
 
 def drive_in_batches(
@@ -292,7 +292,7 @@ def replay(
     source: str,
     settings: EnvironmentSettings | None = None,
     batch_size: int = DEFAULT_BATCH,
-) -> RunSummary:
+) -> RolloutSummary:
     """Predict every recorded step of every session into the replay file ``path`` (appending, resumable).
 
     Sessions are taken a batch at a time and their scored steps asked together; a session's rows are
@@ -316,4 +316,4 @@ def replay(
             out.flush()
             written += len(cursors)
     resumed = sum(x.session_id in done for x in sessions)
-    return RunSummary(str(path), written, resumed, outputs)
+    return RolloutSummary(str(path), written, resumed, outputs)

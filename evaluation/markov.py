@@ -30,7 +30,7 @@ from evaluation.simulators import (
     executable_lines,
     observation_text,
 )
-from transforms.lake import read_table, table_files
+from transforms.lake import read_lake_table, table_files
 from transforms.prompts import clean
 
 START = "start"  # the previous action of a session's first step
@@ -59,9 +59,9 @@ def scroll_distances(steps: pl.DataFrame) -> pl.DataFrame:
 
 def title_categories(lake: Path) -> pl.DataFrame:
     """(title, top): the top category of every title the catalog or the history names."""
-    named = [read_table(lake, "items", ["title", "category"])]
+    named = [read_lake_table(lake, "items", ["title", "category"])]
     if table_files(lake, "history"):
-        named.append(read_table(lake, "history", ["title", "category"]))
+        named.append(read_lake_table(lake, "history", ["title", "category"]))
     return (
         pl.concat(named)
         .drop_nulls()
@@ -134,7 +134,8 @@ class MarkovSimulator:
     def fit(cls, lake: str | Path, split: str = "train", seed: int = 42) -> MarkovSimulator:
         """Fitted on the steps of ``split`` (the train split by default) of ``lake``."""
         lake = Path(lake)
-        steps = read_table(lake, "steps", ["session_id", "step", "screen", "action", "distance", "split"])
+        columns = ["session_id", "step", "screen", "action", "distance", "split"]
+        steps = read_lake_table(lake, "steps", columns)
         steps = steps.filter(pl.col("split") == split)
         if steps.height == 0:
             raise ValueError(f"markov: the lake {lake} has no steps in its {split!r} split to fit on")

@@ -49,7 +49,7 @@ class Provenance:
 
 
 @dataclass
-class Outcome(Generic[M]):
+class AnswerOutcome(Generic[M]):
     status: Status
     value: M | None
     provenance: Provenance
@@ -82,7 +82,7 @@ async def ask_until_clean(
     check: Callable[[M], list[Violation]],
     *,
     max_reasks: int,
-) -> Outcome[M]:
+) -> AnswerOutcome[M]:
     prov = Provenance("openai", client.settings.model, template.version, template.hash, cached=True)
     history = list(messages)
     rejected: list[Violation] = []
@@ -92,10 +92,10 @@ async def ask_until_clean(
         try:
             answer = await client.complete(template, history)
         except ExtractionStopped:
-            return Outcome("pending", None, prov, rejected, None, text)
+            return AnswerOutcome("pending", None, prov, rejected, None, text)
         except RequestFailed as exc:
             failed = [Violation("request_failed", "", str(exc))]
-            return Outcome("quarantined", None, prov, rejected + failed, "request_failed", text)
+            return AnswerOutcome("quarantined", None, prov, rejected + failed, "request_failed", text)
         prov.attempts += 1
         prov.tokens_in += answer.tokens_in
         prov.tokens_out += answer.tokens_out
@@ -104,12 +104,12 @@ async def ask_until_clean(
         value, problems = _judge(text, model, check, client.stats)
         if not problems:
             prov.request_key = answer.key
-            return Outcome("ok", value, prov, rejected, None, text)
+            return AnswerOutcome("ok", value, prov, rejected, None, text)
         rejected += problems
         client.stats.rejects.update(p.code for p in problems)
         client.stats.reasks += attempt < max_reasks
         history += [{"role": "assistant", "content": text}, repair_message(problems)]
-    return Outcome("quarantined", None, prov, rejected, reason_for(problems), text)
+    return AnswerOutcome("quarantined", None, prov, rejected, reason_for(problems), text)
 
 
 def balanced_objects(text: str) -> Iterator[str]:
@@ -181,11 +181,11 @@ def _judge(
 
 def judged_locally(
     value: M, check: Callable[[M], list[Violation]], prov: Provenance, stats: Stats
-) -> Outcome[M]:
+) -> AnswerOutcome[M]:
     """An offline backend's output goes through the same checker; a failure is quarantined too."""
     prov.attempts = 1
     problems = check(value)
     if problems:
         stats.rejects.update(p.code for p in problems)
-        return Outcome("quarantined", None, prov, problems, reason_for(problems), str(value))
-    return Outcome("ok", value, prov)
+        return AnswerOutcome("quarantined", None, prov, problems, reason_for(problems), str(value))
+    return AnswerOutcome("ok", value, prov)

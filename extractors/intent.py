@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from extractors.answer import Outcome, Provenance, ask_until_clean, judged_locally
+from extractors.answer import AnswerOutcome, Provenance, ask_until_clean, judged_locally
 from extractors.client import LLMClient, Stats
 from extractors.heuristic import MODEL, VERSION, Visit, heuristic_intent, rules_hash, visits
 from extractors.leakage import Violation, check_intent_text
@@ -75,7 +75,7 @@ def _price(item: Item) -> str:
     return f"{item.price:.2f}" if item.price is not None else "price unknown"
 
 
-async def intent_llm(client: LLMClient, job: IntentJob) -> Outcome[Intent]:
+async def intent_llm(client: LLMClient, job: IntentJob) -> AnswerOutcome[Intent]:
     messages = PROMPT.messages(trajectory=render_trajectory(job))
     return await ask_until_clean(
         client,
@@ -87,6 +87,6 @@ async def intent_llm(client: LLMClient, job: IntentJob) -> Outcome[Intent]:
     )
 
 
-def intent_heuristic(job: IntentJob, stats: Stats) -> Outcome[Intent]:
+def intent_heuristic(job: IntentJob, stats: Stats) -> AnswerOutcome[Intent]:
     prov = Provenance("heuristic", MODEL, VERSION, rules_hash())
     return judged_locally(heuristic_intent(job.steps, job.items), lambda i: check_intent(i, job), prov, stats)

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from extractors.answer import Outcome
+from extractors.answer import AnswerOutcome
 from extractors.cache import ResponseCache
 from extractors.client import Budget, LLMClient, Stats
 from extractors.config import ExtractSettings
@@ -162,18 +162,19 @@ def missing_steps(records: pl.DataFrame, i_jobs: list[IntentJob], r_jobs: list[R
         records.filter(pl.col("split") == "train")
         .unique(["mode", "trajectory_id"], maintain_order=True)
         .join(have_i, on=["mode", "trajectory_id"], how="anti")
-        .with_columns(pl.lit("intents").alias("table"), pl.struct("mode", "trajectory_id").alias("_key"))
+        .with_columns(pl.lit("intents").alias("table_name"), pl.struct("mode", "trajectory_id").alias("_key"))
     )
     have_r = pl.Series("record_id", [j.record_id for j in r_jobs], dtype=pl.String)
     lost_r = (
         records.filter(~pl.col("record_id").is_in(have_r))
         .unique("record_id", maintain_order=True)
         .with_columns(
-            pl.lit("rationales").alias("table"), pl.struct("record_id", "session_id", "step").alias("_key")
+            pl.lit("rationales").alias("table_name"),
+            pl.struct("record_id", "session_id", "step").alias("_key"),
         )
     )
     return pl.concat([lost_i, lost_r], how="diagonal_relaxed").select(
-        "table",
+        "table_name",
         pl.format("records/bucket={}", pl.col("bucket")).alias("source_file"),
         pl.lit(None, dtype=pl.Int64).alias("source_row"),
         pl.lit("missing_step").alias("reason"),
@@ -220,7 +221,7 @@ async def _run_openai(
     carry: Carry,
     jobs: tuple[list, list],
     tick: Callable[[], None],
-) -> tuple[list[Outcome[Intent]], list[Outcome[RationaleAnswer]], Stats, Budget]:
+) -> tuple[list[AnswerOutcome[Intent]], list[AnswerOutcome[RationaleAnswer]], Stats, Budget]:
     stats = Stats(stopped=carry.stopped)
     budget = Budget.from_settings(settings, spent_usd=carry.spent_usd, spent_tokens=carry.spent_tokens)
     async with LLMClient(settings, cache=cache, stats=stats, budget=budget) as client:
@@ -258,7 +259,7 @@ def run_backend(
     intents: list[IntentJob],
     rationales: list[RationaleJob],
     label: str,
-) -> tuple[list[Outcome[Intent]], list[Outcome[RationaleAnswer]], Stats, Carry]:
+) -> tuple[list[AnswerOutcome[Intent]], list[AnswerOutcome[RationaleAnswer]], Stats, Carry]:
     with _progress(settings) as bar:
         task = bar.add_task(label, total=len(intents) + len(rationales))
 
@@ -287,7 +288,7 @@ def _tick(value: T, tick: Callable[[], None]) -> T:
 # --- output frames -----------------------------------------------------------------------------
 
 
-def _provenance(o: Outcome) -> dict[str, Any]:
+def _provenance(o: AnswerOutcome) -> dict[str, Any]:
     p = o.provenance
     return {
         "backend": p.backend,
@@ -303,7 +304,7 @@ def _provenance(o: Outcome) -> dict[str, Any]:
     }
 
 
-def intents_frame(jobs: list[IntentJob], outcomes: list[Outcome[Intent]]) -> pl.DataFrame:
+def intents_frame(jobs: list[IntentJob], outcomes: list[AnswerOutcome[Intent]]) -> pl.DataFrame:
     rows = [
         {
             "trajectory_id": j.trajectory_id,
@@ -323,7 +324,9 @@ def intents_frame(jobs: list[IntentJob], outcomes: list[Outcome[Intent]]) -> pl.
     return _frame(rows, INTENTS)
 
 
-def rationales_frame(jobs: list[RationaleJob], outcomes: list[Outcome[RationaleAnswer]]) -> pl.DataFrame:
+def rationales_frame(
+    jobs: list[RationaleJob], outcomes: list[AnswerOutcome[RationaleAnswer]]
+) -> pl.DataFrame:
     rows = [
         {
             "record_id": j.record_id,
@@ -356,11 +359,11 @@ def _frame(rows: list[dict[str, Any]], schema: Any) -> pl.DataFrame:
 
 
 def quarantine_frame(
-    bucket: int, kind: str, keys: list[str], outcomes: list[Outcome], id_name: str
+    bucket: int, kind: str, keys: list[str], outcomes: list[AnswerOutcome], id_name: str
 ) -> pl.DataFrame:
     rows = [
         {
-            "table": kind,
+            "table_name": kind,
             "source_file": f"records/bucket={bucket}",
             "source_row": None,
             "reason": o.reason,
@@ -425,7 +428,7 @@ def part_path(staged: str | Path, bucket: int, name: str) -> Path:
 # --- one bucket, and the whole run ---------------------------------------------------------------
 
 
-def _counts(outcomes: list[Outcome]) -> dict[str, int]:
+def _counts(outcomes: list[AnswerOutcome]) -> dict[str, int]:
     c = Counter(o.status for o in outcomes)
     return {"jobs": len(outcomes), "ok": c["ok"], "quarantined": c["quarantined"], "pending": c["pending"]}
 
@@ -464,10 +467,10 @@ def extract_bucket(
     write_records_partition(staged, bucket, fill_records(records, intents, rationales, quarantine))
     counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
     for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
-        lost = quarantine.filter((pl.col("table") == kind) & (pl.col("reason") == "missing_step")).height
+        lost = quarantine.filter((pl.col("table_name") == kind) & (pl.col("reason") == "missing_step")).height
         counts[kind]["jobs"] += lost
         counts[kind]["quarantined"] += lost
-    by_reason = Counter(f"{t}:{r}" for t, r in quarantine.select("table", "reason").iter_rows())
+    by_reason = Counter(f"{t}:{r}" for t, r in quarantine.select("table_name", "reason").iter_rows())
     return BucketReport(bucket, counts, stats.as_dict(), dict(sorted(by_reason.items())), carry)
 
 

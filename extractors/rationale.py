@@ -8,7 +8,7 @@ action; its reason must pass ``check_rationale_text``. The pair
 
 from __future__ import annotations
 
-from extractors.answer import Outcome, Provenance, ask_until_clean, judged_locally
+from extractors.answer import AnswerOutcome, Provenance, ask_until_clean, judged_locally
 from extractors.client import LLMClient, Stats
 from extractors.heuristic import MODEL, VERSION, heuristic_rationale, rules_hash
 from extractors.leakage import Violation, check_rationale
@@ -30,7 +30,7 @@ def check_rationale_text(answer: RationaleAnswer, job: RationaleJob, max_words: 
     )
 
 
-async def rationale_llm(client: LLMClient, job: RationaleJob) -> Outcome[RationaleAnswer]:
+async def rationale_llm(client: LLMClient, job: RationaleJob) -> AnswerOutcome[RationaleAnswer]:
     messages = PROMPT.messages(context=job.context, action=job.action_json)
     max_words = client.settings.rationale_max_words
     return await ask_until_clean(
@@ -43,7 +43,7 @@ async def rationale_llm(client: LLMClient, job: RationaleJob) -> Outcome[Rationa
     )
 
 
-def rationale_heuristic(job: RationaleJob, stats: Stats, max_words: int) -> Outcome[RationaleAnswer]:
+def rationale_heuristic(job: RationaleJob, stats: Stats, max_words: int) -> AnswerOutcome[RationaleAnswer]:
     prov = Provenance("heuristic", MODEL, VERSION, rules_hash())
     answer = RationaleAnswer(rationale=heuristic_rationale(job))
     return judged_locally(answer, lambda a: check_rationale_text(a, job, max_words), prov, stats)

@@ -14,7 +14,7 @@ import polars as pl
 
 from evaluation.scorecard import rounded, score
 from evaluation.traces import load_replay, load_traces, real_trace_frame
-from transforms.lake import read_table, table_files
+from transforms.lake import read_lake_table, table_files
 from transforms.schemas import LAKE_TABLES
 
 STEP_COLUMNS = ["session_id", "user_id", "step", "ts", "screen", "action", "target_item_id", "review_alias",
@@ -62,17 +62,17 @@ def export_real_traces(
 ) -> dict[str, object]:
     """Write the lake's sessions (of ``splits``, default all) as real traces to ``out``; returns the
     sessions written and the cut sessions left out, by reason."""
-    steps = read_table(lake, "steps", STEP_COLUMNS)
+    steps = read_lake_table(lake, "steps", STEP_COLUMNS)
     if splits:
         steps = steps.filter(pl.col("split").is_in(splits))
     history = sessions = None
     if table_files(lake, "history"):
-        history = read_table(lake, "history", present_columns(lake, "history", HISTORY_COLUMNS))
+        history = read_lake_table(lake, "history", present_columns(lake, "history", HISTORY_COLUMNS))
     if table_files(lake, "sessions"):
-        sessions = read_table(lake, "sessions", present_columns(lake, "sessions", SESSION_COLUMNS))
+        sessions = read_lake_table(lake, "sessions", present_columns(lake, "sessions", SESSION_COLUMNS))
     if splits and sessions is not None:
         sessions = sessions.filter(pl.col("split").is_in(splits))
-    items = read_table(lake, "items", ["item_id", "category", "price"])
+    items = read_lake_table(lake, "items", ["item_id", "category", "price"])
     traces, left_out = real_trace_frame(steps, items, history, sessions)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     traces.write_ndjson(out)

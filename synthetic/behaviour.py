@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from synthetic import taxonomy as tx
-from synthetic.catalog import Catalog
+from synthetic.catalog import WorldCatalog
 from synthetic.feeds import PX_STEP, FeedParams, Feeds
 from transforms.config import Geometry
 from transforms.schemas import ACTIONS
@@ -349,7 +349,7 @@ class _Simulation:
 
     rng: np.random.Generator
     feeds: Feeds
-    cat: Catalog
+    cat: WorldCatalog
     traits: SessionTraits
     p: BehaviourParams
     geometry: Geometry
@@ -436,7 +436,7 @@ def simulate_steps(
     rng: np.random.Generator,
     budget: np.ndarray,
     feeds: Feeds,
-    cat: Catalog,
+    cat: WorldCatalog,
     traits: SessionTraits,
     params: BehaviourParams,
     geometry: Geometry,

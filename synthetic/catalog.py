@@ -29,7 +29,7 @@ TABLE_SLOTS = 8  # sampling-table slots per item on average
 
 
 @dataclass(frozen=True)
-class Catalog:
+class WorldCatalog:
     """Per-item arrays (index = item number) plus per-category sampling tables."""
 
     seed: int
@@ -74,7 +74,7 @@ def _sampling_table(rng: np.random.Generator, l1: np.ndarray, popularity: np.nda
     return np.repeat(np.arange(len(l1), dtype=np.int32), copies)
 
 
-def build_catalog(n_items: int, seed: int) -> Catalog:
+def build_catalog(n_items: int, seed: int) -> WorldCatalog:
     rng = np.random.default_rng([seed, 1])
     # Every top category gets at least a few items so small worlds still cover all 41.
     counts = np.maximum(rng.multinomial(n_items, tx.L1_SHARES), 5)
@@ -90,7 +90,7 @@ def build_catalog(n_items: int, seed: int) -> Catalog:
     n_reviews[rng.random(n) < 0.12] = 0
     table = _sampling_table(rng, l1, popularity)
     table_len = np.bincount(l1[table], minlength=tx.N_L1)
-    return Catalog(
+    return WorldCatalog(
         seed=seed,
         leaf=leaf,
         l1=l1,
@@ -117,7 +117,7 @@ def _family_pick(rng: np.random.Generator, family: np.ndarray, words: dict[str, 
     return pl.Series(flat, dtype=pl.String).gather(idx)
 
 
-def _titles(rng: np.random.Generator, cat: Catalog, family: np.ndarray) -> pl.Series:
+def _titles(rng: np.random.Generator, cat: WorldCatalog, family: np.ndarray) -> pl.Series:
     brand = pl.Series(tx.BRANDS.tolist()).gather(rng.integers(0, len(tx.BRANDS), cat.size))
     style = _family_pick(rng, family, tx.STYLE_WORDS)
     material = _family_pick(rng, family, tx.MATERIAL_WORDS)
@@ -158,7 +158,7 @@ def _reviews(rng: np.random.Generator, n_reviews: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(offsets, text.to_series().to_arrow().cast(pa.string()))
 
 
-def items_frame(cat: Catalog) -> pl.DataFrame:
+def items_frame(cat: WorldCatalog) -> pl.DataFrame:
     """The ``items`` table (RAW_ITEMS columns), text generated from the catalog's own seed."""
     rng = np.random.default_rng([cat.seed, 2])
     family = tx.L1_FAMILY[cat.l1].astype(np.int64)

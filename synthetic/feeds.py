@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from synthetic import taxonomy as tx
-from synthetic.catalog import Catalog
+from synthetic.catalog import WorldCatalog
 
 CARDS = (30, 120)
 MAX_CARDS = CARDS[1]
@@ -72,13 +72,13 @@ class FeedParams:
     fractional_px: bool = True  # card boxes in fractional CSS px, as real logs have them; False: whole px
 
 
-def price_misfit(cat: Catalog, items: np.ndarray, price_level: np.ndarray) -> np.ndarray:
+def price_misfit(cat: WorldCatalog, items: np.ndarray, price_level: np.ndarray) -> np.ndarray:
     """|log(price / the shopper's preferred price for that category)|."""
     return np.abs(np.log(cat.price[items] / (tx.L1_PRICE[cat.l1[items]] * price_level)))
 
 
 def _candidates(
-    rng: np.random.Generator, cat: Catalog, intent: np.ndarray, n_cards: np.ndarray, share: float
+    rng: np.random.Generator, cat: WorldCatalog, intent: np.ndarray, n_cards: np.ndarray, share: float
 ) -> np.ndarray:
     """Candidate items (pv, n_cards.max() + EXTRA) sorted per row; -1 marks padding and duplicates."""
     n_pv, width = len(intent), int(n_cards.max()) + EXTRA_CANDIDATES
@@ -116,7 +116,7 @@ def _masonry(
 
 def build_feeds(
     rng: np.random.Generator,
-    cat: Catalog,
+    cat: WorldCatalog,
     affinity: np.ndarray,
     price_level: np.ndarray,
     price_sensitivity: np.ndarray,

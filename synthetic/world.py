@@ -26,7 +26,7 @@ import polars as pl
 
 from synthetic import taxonomy as tx
 from synthetic.behaviour import UI_STATES, BehaviourParams, SessionTraits, Steps, simulate_steps
-from synthetic.catalog import ITEMS_PER_USER, Catalog, build_catalog, items_frame
+from synthetic.catalog import ITEMS_PER_USER, WorldCatalog, build_catalog, items_frame
 from synthetic.feeds import Feeds, build_feeds
 from synthetic.ids import hex_ids, salt
 from synthetic.shoppers import Shoppers, build_shoppers, profiles_frame, traits_frame
@@ -83,7 +83,7 @@ class Run:
 @dataclass(frozen=True)
 class World:
     seed: int
-    catalog: Catalog
+    catalog: WorldCatalog
     shoppers: Shoppers
     params: BehaviourParams = field(default_factory=BehaviourParams)
     geometry: Geometry = field(default_factory=Geometry)

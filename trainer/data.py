@@ -43,7 +43,7 @@ class RecordText:
 
 
 @dataclass(frozen=True)
-class State:
+class EncodedState:
     record: RecordText
     prompt_ids: list[int]
     response_ids: list[int]  # ends with eos
@@ -99,12 +99,12 @@ def encode(
     tokenizer: PreTrainedTokenizerBase,
     max_prompt_tokens: int,
     max_response_tokens: int,
-) -> tuple[list[State], Counter[str]]:
+) -> tuple[list[EncodedState], Counter[str]]:
     """Tokenized states, and the count of those dropped for length (``prompt_too_long``, ...)."""
     dropped: Counter[str] = Counter()
     states = []
     for record in records:
-        state = State(
+        state = EncodedState(
             record, prompt_ids(tokenizer, record.messages()), response_ids(tokenizer, record.response)
         )
         if len(state.prompt_ids) > max_prompt_tokens:
@@ -144,7 +144,7 @@ class Batch:
         return Batch(**moved)
 
 
-def collate(states: Sequence[State], pad_id: int, pad_to: int | None = None) -> Batch:
+def collate(states: Sequence[EncodedState], pad_id: int, pad_to: int | None = None) -> Batch:
     """One batch of ``states``; ``pad_to`` pads every row to that length (at least the longest)."""
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in states]
     width = max([*lengths, pad_to or 0])
@@ -227,7 +227,7 @@ class StateSampler:
         self.drawn = state["drawn"]
 
 
-def data_hash(states: Sequence[State], tokenizer_fingerprint: str) -> str:
+def data_hash(states: Sequence[EncodedState], tokenizer_fingerprint: str) -> str:
     """Hash of what is trained on: keys, system, prompt and response texts, in order, and the tokenizer."""
     digest = hashlib.sha256(tokenizer_fingerprint.encode())
     for state in states:

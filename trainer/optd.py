@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer.data import Batch, RecordText, State, collate, prompt_ids
+from trainer.data import Batch, EncodedState, RecordText, collate, prompt_ids
 from trainer.distributed import full_tensor, gradient_sync
 from trainer.loop import LossSums, PhaseTimer, split
 from trainer.objective import ObjectiveSettings, OPTDLoss, optd_loss_from_hidden
@@ -38,7 +38,7 @@ INTENT_HEADING = "## Your intent over this whole trajectory"
 class OPTDState:
     """A training state and its privileged prompt (the teacher's only extra context)."""
 
-    state: State
+    state: EncodedState
     privileged_prompt_ids: list[int]
 
     @property
@@ -55,7 +55,7 @@ def privileged_messages(record: RecordText) -> list[dict[str, str]]:
 
 
 def optd_states(
-    states: Sequence[State], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
+    states: Sequence[EncodedState], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
 ) -> tuple[list[OPTDState], Counter[str]]:
     """States that have an intent, with their privileged prompts; the others counted by reason."""
     left_out: Counter[str] = Counter()
@@ -97,10 +97,12 @@ def response_positions(body: nn.Module, batch: Batch) -> Tensor:
     return body(batch.input_ids, batch.attention_mask)[batch.rows, batch.positions]
 
 
-def after(states: Sequence[OPTDState], responses: Sequence[list[int]], privileged: bool) -> list[State]:
+def after(
+    states: Sequence[OPTDState], responses: Sequence[list[int]], privileged: bool
+) -> list[EncodedState]:
     """Each state's (plain or privileged) prompt followed by its sampled response ids, as they are."""
     return [
-        State(s.record, s.privileged_prompt_ids if privileged else s.state.prompt_ids, list(r))
+        EncodedState(s.record, s.privileged_prompt_ids if privileged else s.state.prompt_ids, list(r))
         for s, r in zip(states, responses, strict=True)
     ]
 

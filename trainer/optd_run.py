@@ -35,7 +35,7 @@ from trainer.optd import (
     response_shares,
 )
 from trainer.optd_config import OPTDSettings
-from trainer.run import SftRun, prepare
+from trainer.run import SftRun, prepare_sft_run
 
 if TYPE_CHECKING:
     from trainer.config import TrainSettings
@@ -134,7 +134,7 @@ def prepare_optd(
     """Student from ``start`` (the SFT checkpoint, or the one resumed), frozen teacher from ``sft``."""
     world = init_world()
     check_shards(world, optd.strategy, settings.states_per_update, settings.micro_batch_states)
-    base = prepare(settings, lake, out, start)
+    base = prepare_sft_run(settings, lake, out, start)
     if world.rank > 0:  # each rank samples its own states with its own noise
         torch.manual_seed(settings.seed + world.rank)
     teacher_lm, teacher_tokenizer = load_pretrained(sft)

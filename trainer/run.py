@@ -19,8 +19,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
 from trainer.data import (
     Batch,
+    EncodedState,
     RecordText,
-    State,
     StateSampler,
     collate,
     data_hash,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class RunSummary:
+class TrainSummary:
     checkpoint: str
     steps: int
     skipped_steps: int
@@ -63,7 +63,7 @@ class SftRun:
     out: Path
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    states: list[State]
+    states: list[EncodedState]
     eval_batches: list[Batch]
     sampler: StateSampler
     trainer: Trainer
@@ -99,7 +99,7 @@ def pick_device(name: str) -> torch.device:
 
 
 def micro_batches(
-    states: list[State], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
+    states: list[EncodedState], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
 ) -> list[Batch]:
     return [collate(chunk, tokenizer.pad_token_id).to(device) for chunk in split(states, size)]
 
@@ -120,7 +120,9 @@ def settings_json(settings: TrainSettings) -> dict[str, Any]:
     return json.loads(json.dumps(settings.model_dump(mode="json")))
 
 
-def prepare(settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None) -> SftRun:
+def prepare_sft_run(
+    settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None
+) -> SftRun:
     """Seed, read and encode the states, build or load the model, the sampler and the optimiser."""
     device = pick_device(settings.device)
     if settings.torch_threads:
@@ -186,7 +188,7 @@ def run_sft(
     resume: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
-) -> RunSummary:
+) -> TrainSummary:
     """Train ``settings.steps`` updates on the lake's gold responses; return where the checkpoint is.
 
     ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings and
@@ -197,7 +199,7 @@ def run_sft(
     resume_from = latest(out) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    run = prepare(settings, lake, out, resume_from or base)
+    run = prepare_sft_run(settings, lake, out, resume_from or base)
     if base is not None:
         run.meta["base"] = str(base)
     start = restore(run, resume_from) if resume_from else 0
@@ -208,7 +210,7 @@ def run_sft(
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     train_updates(run, metrics, start, end, progress)
     evaluations = [row["held_out_loss"] for row in metrics.rows() if row["kind"] == "eval"]
-    summary = RunSummary(
+    summary = TrainSummary(
         checkpoint=str(run.checkpoint(end)),
         steps=end,
         skipped_steps=sum(row["skipped"] for row in metrics.rows() if row["kind"] == "train"),

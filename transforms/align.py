@@ -33,7 +33,7 @@ FIRST_SCREEN_CARDS = 10  # a session without clicks takes the top category of it
 
 
 @dataclass
-class Checked:
+class CheckedRows:
     """Rows that passed, rows quarantined, and exact duplicates merged."""
 
     rows: pl.DataFrame
@@ -64,11 +64,11 @@ def split_by_reason(
 
 def dedupe(
     frame: pl.DataFrame, keys: list[str], table: str, reason: str, pseudonymize: Pseudonymize | None = None
-) -> Checked:
+) -> CheckedRows:
     """Merge exact duplicate rows (counted); later rows that reuse a key with other values are rejected."""
     # hashes first: equal keys hash equal, so no duplicate hash means no duplicate key
     if frame.select(pl.struct(keys).hash(seed=0).n_unique()).item() == frame.height:
-        return Checked(frame)  # the common case: every key once, nothing to merge or reject
+        return CheckedRows(frame)  # the common case: every key once, nothing to merge or reject
     data = [c for c in frame.columns if not c.startswith("_")]
     ordered = frame.sort("_file", "_row")
     exact = ordered.unique(subset=data, keep="first", maintain_order=True)
@@ -80,7 +80,7 @@ def dedupe(
         pl.lit(f"another row has the same {', '.join(keys)} with different values"),
         pseudonymize,
     )
-    return Checked(kept, [rejects], frame.height - exact.height)
+    return CheckedRows(kept, [rejects], frame.height - exact.height)
 
 
 # --- catalog, profiles, feeds ------------------------------------------------
@@ -108,13 +108,13 @@ def item_context(items: pl.DataFrame) -> pl.DataFrame:
     return context.insert_column(2, top.alias("top_category"))
 
 
-def check_profiles(profiles: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
+def check_profiles(profiles: pl.DataFrame, pseudonymize: Pseudonymize) -> CheckedRows:
     return dedupe(profiles, ["user_id"], "profiles", "duplicate_profile", pseudonymize)
 
 
 def check_feeds(
     feeds: pl.DataFrame, in_catalog: pl.Expr, geometry: Geometry, pseudonymize: Pseudonymize
-) -> Checked:
+) -> CheckedRows:
     """``in_catalog``: true where the card's item passed the catalog checks.
 
     Only ``y`` (and the feed's height) place a card for visibility, so a box without ``width`` or
@@ -241,7 +241,7 @@ def _cum_in_view(expr: pl.Expr) -> pl.Expr:
     return total - before_view
 
 
-def cut_sessions(tagged: pl.DataFrame, on_bad_event: str, pseudonymize: Pseudonymize | None) -> Checked:
+def cut_sessions(tagged: pl.DataFrame, on_bad_event: str, pseudonymize: Pseudonymize | None) -> CheckedRows:
     """Split events grouped by page view in session order, with ``_why`` / ``_why_detail`` (null:
     the row passed its check), into kept rows, quarantine rows and cuts.
 
@@ -287,7 +287,7 @@ def cut_sessions(tagged: pl.DataFrame, on_bad_event: str, pseudonymize: Pseudony
         reason, detail = pl.col("_cut_why"), pl.col("_cut_detail")
     rows, rejects = split_by_reason(marked, reason, "events", detail, pseudonymize)
     helpers = ["_why", "_why_detail", "_at_cut", ALREADY_QUARANTINED, "_cut_why", "_cut_detail"]
-    return Checked(rows.drop(helpers, strict=False), [rejects], cuts=[cuts])
+    return CheckedRows(rows.drop(helpers, strict=False), [rejects], cuts=[cuts])
 
 
 def no_cuts() -> pl.DataFrame:
@@ -312,7 +312,7 @@ def _split_and_cut(
     order: list[str] | None,
     pseudonymize: Pseudonymize | None,
     reader_rejected: pl.DataFrame | None = None,
-) -> Checked:
+) -> CheckedRows:
     """``reason`` per row, then ``cut_sessions`` on the page views with a rejection. ``order``: the
     session order to sort those views' rows by (None: ``frame`` is grouped and ordered already);
     ``reader_rejected``: ``place_reader_rejects`` rows, which join their views' rows to cut them
@@ -320,7 +320,7 @@ def _split_and_cut(
     reasons = frame.select(reason.alias("_why")).to_series()
     no_reader_rejects = reader_rejected is None or reader_rejected.height == 0
     if reasons.null_count() == frame.height and no_reader_rejects:  # the common case: nothing to cut
-        return Checked(frame)
+        return CheckedRows(frame)
     tagged = frame.with_columns(reasons)
     if order is not None:  # the rows go on in the order they came
         tagged = tagged.with_row_index("_seq")
@@ -355,7 +355,7 @@ def place_reader_rejects(rejected: pl.DataFrame, events: pl.DataFrame) -> pl.Dat
     before all of them (ties by source order) and no event that followed it in the source is kept
     before the cut, even where the source is not in time order; with none after it, it sorts last
     (the session is still cut, truncated, unless it had ended already). A row without a readable
-    ``page_view_id`` belongs to no session and never comes here (``ingest.Raw``). Rows whose action
+    ``page_view_id`` belongs to no session and never comes here (``ingest.parts.Raw``). Rows whose action
     ``action_map`` declares irrelevant (``drop``) cut nothing, as such events never do; nor do
     rows of views with no event in ``events``: there is no session to cut."""
     view = pl.col("page_view_id")
@@ -385,7 +385,7 @@ def cutting_as_quarantined() -> list[pl.Expr]:
     return [pl.col("reason").alias("_why"), pl.lit(True).alias(ALREADY_QUARANTINED)]
 
 
-def dedupe_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> Checked:
+def dedupe_events(events: pl.DataFrame, pseudonymize: Pseudonymize) -> CheckedRows:
     return dedupe(events, ["event_id"], "events", "duplicate_event_id", pseudonymize)
 
 
@@ -398,7 +398,7 @@ def row_checks(
     pseudonymize: Pseudonymize,
     on_bad_event: str = "cut",
     reader_rejected: pl.DataFrame | None = None,
-) -> Checked:
+) -> CheckedRows:
     """Checks that need one row (plus keys): vocabulary, screen, ids, timestamps, ownership; a
     rejection cuts its session (``cut_sessions``, in session order: ts, then source order).
 
@@ -608,7 +608,7 @@ def screen_checks(
     geometry: Geometry,
     pseudonymize: Pseudonymize,
     on_bad_event: str = "cut",
-) -> Checked:
+) -> CheckedRows:
     """What was on screen: visible cards, click targets, scroll legality, open detail page; the first
     rejection of a session cuts it (``cut_sessions``).
 

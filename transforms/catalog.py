@@ -53,7 +53,7 @@ MACROS: dict[str, tuple[str, str]] = {
     ),
     "quarantine_by_reason": (
         "rejected and flagged rows per stage, table and reason",
-        """SELECT stage, "table", reason, kept, count(*) AS rows
+        """SELECT stage, table_name, reason, kept, count(*) AS rows
            FROM quarantine GROUP BY ALL ORDER BY rows DESC""",
     ),
 }

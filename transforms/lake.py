@@ -217,7 +217,7 @@ def scan_table(lake: str | Path, name: str, columns: Sequence[str] | None = None
     return frame.select(columns) if columns else frame
 
 
-def read_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
+def read_lake_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.DataFrame:
     return scan_table(lake, name, columns).collect()
 
 

@@ -48,7 +48,7 @@ SUFFIXES: dict[str, str] = {
     ".csv.gz": "csv.gz",
 }
 LOCATORS = ("_file", "_row")
-REJECT_COLUMNS = ("table", "source_file", "source_row", "reason", "detail", "payload")
+REJECT_COLUMNS = ("table_name", "source_file", "source_row", "reason", "detail", "payload")
 MAX_FIELD_CHARS = 65_536  # a longer string field is quarantined, not carried into the lake
 ISO_AWARE = ("%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f%#z")
 ISO_NAIVE = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d")
@@ -124,7 +124,7 @@ class TableRead:
 def empty_rejects() -> pl.DataFrame:
     return pl.DataFrame(
         schema={
-            "table": pl.String,
+            "table_name": pl.String,
             "source_file": pl.String,
             "source_row": pl.Int64,
             "reason": pl.String,
@@ -155,7 +155,7 @@ def reject_rows(
     as_expr = lambda v: v if isinstance(v, pl.Expr | pl.Series) else pl.lit(v, dtype=pl.String)  # noqa: E731
     payload = pl.struct(data).struct.json_encode() if data else pl.lit(None, dtype=pl.String)
     return rows.select(
-        pl.lit(table).alias("table"),
+        pl.lit(table).alias("table_name"),
         pl.col("_file").alias("source_file"),
         pl.col("_row").cast(pl.Int64).alias("source_row"),
         as_expr(reason).alias("reason"),
@@ -164,7 +164,7 @@ def reject_rows(
     )
 
 
-def table_files(root: Path, name: str) -> list[Path]:
+def raw_table_files(root: Path, name: str) -> list[Path]:
     """Part files of one table: ``root/name/**`` or a single ``root/name.<ext>``."""
     folder = root / name
     candidates = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
@@ -257,7 +257,7 @@ def _loose_jsonl(path: Path, table: str, rel: str, gz: bool) -> tuple[pl.DataFra
     )
     rejects = pl.DataFrame(
         {
-            "table": [table] * len(bad),
+            "table_name": [table] * len(bad),
             "source_file": [rel] * len(bad),
             "source_row": [n for n, _ in bad],
             "reason": ["unparseable_row"] * len(bad),
@@ -586,7 +586,7 @@ def unreadable_rows(
     counted = f"{count:,} rows counted from {source}" if source else "its rows could not be counted"
     return pl.DataFrame(
         {
-            "table": table,
+            "table_name": table,
             "source_file": rel,
             "source_row": pl.int_range(first, first + count, dtype=pl.Int64, eager=True)
             if source
@@ -628,7 +628,7 @@ def chunk_plan(root: Path, table: str, chunk_rows: int) -> list[Chunk]:
     chunks: list[Chunk] = []
     small: list[Path] = []
     small_rows = 0
-    for path in sorted(table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
+    for path in sorted(raw_table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
         meta = _parquet_footer(path)
         rows = meta.num_rows if meta is not None else None
         if rows is not None and rows <= chunk_rows:
@@ -721,7 +721,7 @@ def _loose_parquet_files(paths: list[Path], root: Path) -> pl.DataFrame:
 def estimated_rows(root: Path, table: str) -> int:
     """Rows of a table from Parquet footers, else from file sizes (enough to choose a part count)."""
     total = 0
-    for path in table_files(root, table):
+    for path in raw_table_files(root, table):
         fmt = file_format(path)
         try:
             total += (
@@ -744,16 +744,16 @@ def check_bundle(root: str | Path) -> Path:
     root = Path(root)
     if not root.is_dir():
         raise BundleError(f"The raw bundle folder {root} does not exist or is not a folder.")
-    missing = [t for t in RAW_TABLES if t not in OPTIONAL_TABLES and not table_files(root, t)]
+    missing = [t for t in RAW_TABLES if t not in OPTIONAL_TABLES and not raw_table_files(root, t)]
     if missing:
         raise _no_table(root, missing[0])
     return root
 
 
-def read_table(
+def read_raw_table(
     root: Path, table: str, unit: str = "auto", pseudonymize: Pseudonymize | None = None
 ) -> TableRead:
-    files = table_files(root, table)
+    files = raw_table_files(root, table)
     if not files:
         if table in OPTIONAL_TABLES:
             empty = (
@@ -795,7 +795,7 @@ def read_bundle(
 ) -> dict[str, TableRead]:
     """Read every table of a raw bundle folder."""
     root = check_bundle(root)
-    return {name: read_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
+    return {name: read_raw_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
 
 
 def bundle_fingerprint(root: str | Path) -> str:

@@ -31,7 +31,7 @@ from transforms.chain import session_order
 from transforms.lake import (
     STAGING,
     conform,
-    read_table,
+    read_lake_table,
     scan_table,
     swap_into_place,
     table_dir,
@@ -766,7 +766,7 @@ def optional_table(lake: str | Path, name: str, columns: list[str]) -> pl.DataFr
 
     Both hold accepted rows only: rejected answers go to quarantine.
     """
-    return read_table(lake, name, columns) if table_files(lake, name) else None
+    return read_lake_table(lake, name, columns) if table_files(lake, name) else None
 
 
 def _write_part(frame: pl.DataFrame, root: Path, name: str, zstd_level: int) -> None:
@@ -793,8 +793,8 @@ def write_records(
     target = Path(out) if out is not None else Path(lake)
     summary = RecordsSummary(modes=list(modes), settings=s.model_dump())
     items = needed_items(lake, s)
-    sessions = read_table(lake, "sessions")
-    history = read_table(lake, "history") if table_files(lake, "history") else None
+    sessions = read_lake_table(lake, "sessions")
+    history = read_lake_table(lake, "history") if table_files(lake, "history") else None
     rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
     quarantined = quarantined_rationales(lake) if rationales is not None else None
     intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])

@@ -245,7 +245,7 @@ HISTORY = pa.schema(
 QUARANTINE = pa.schema(
     [
         ("stage", pa.string()),
-        ("table", pa.string()),
+        ("table_name", pa.string()),  # the input table the row came from
         ("source_file", pa.string()),  # relative to the bundle root
         ("source_row", pa.int64()),  # 0-based row (or line) within source_file
         ("reason", pa.string()),
@@ -367,6 +367,104 @@ LAKE_TABLES: dict[str, pa.Schema] = {
     "histories": HISTORIES,
     "intents": INTENTS,
     "rationales": RATIONALES,
+}
+#: per lake table, per column: the function that gives the column its values (module paths under
+#: ``transforms`` unless they name ``extractors``). "as logged" columns are the raw field, typed by
+#: ``readers.coerce``; ids are re-keyed by ``ingest.keying.key_part`` (``pseudonyms`` for the small
+#: tables); ``split`` and ``bucket`` derive from the user's pseudonym alone.
+_SESSION_AND_USER = {"session_id": "align.build_steps (page_view_id)", "user_id": "as logged"}
+_PLACEMENT = {"split": "rekey.split_of", "bucket": "rekey.bucket_of"}
+_PROVENANCE = dict.fromkeys(
+    ("backend", "model", "prompt_version", "prompt_hash", "request_key", "tokens_in", "tokens_out"),
+    "extractors.pipeline._provenance",
+) | dict.fromkeys(("attempts", "cached"), "extractors.pipeline._provenance")
+BORN_IN: dict[str, dict[str, str]] = {
+    "steps": {
+        **_SESSION_AND_USER,
+        "step": "align.build_steps",
+        "ts": "as logged",
+        "screen": "as logged",
+        "action": "align.map_actions (as logged, through action_map)",
+        "action_group": "align.build_steps",
+        "target_item_id": "align.build_steps",
+        "target_title": "align.build_steps",
+        "review_alias": "align.build_steps",
+        "distance": "align.scroll_distance (in align._feed_legality)",
+        "scroll_top": "as logged (detail-page steps: align._detail_page_legality)",
+        "visible_items": "align.visible_cards (or as logged: align.screen_checks)",
+        "visible_source": "align.screen_checks",
+        "ipv_item_id": "align.build_steps",
+        "ipv_item_title": "align.build_steps",
+        "ipv_scroll": "align.build_steps",
+        "ui_state": "align.build_steps",
+        "profile": "align.profile_columns",
+        "profile_extra": "align.profile_columns",
+        "profile_missing": "align.profile_context",
+        "image": "as logged",
+        **_PLACEMENT,
+    },
+    "sessions": {
+        **_SESSION_AND_USER,
+        **dict.fromkeys(
+            ("start_ts", "end_ts", "length", "clicks", "carts", "buys", "feed_steps", "ended", "terminal"),
+            "align.build_sessions",
+        ),
+        "cut_reason": "align.cut_sessions",
+        **dict.fromkeys(("categories", "top_category", "feed_items"), "align.build_sessions"),
+        "feed_height": "align.layouts",
+        "profile_missing": "align.profile_context",
+        **_PLACEMENT,
+    },
+    "feed_layouts": {
+        "session_id": "ingest.alignment.align_part (page_view_id)",
+        "item_id": "as logged",
+        "rank": "align.layouts",
+        **dict.fromkeys(("x", "y", "width", "height"), "as logged (defaults: readers.coerce)"),
+        "feed_height": "align.layouts",
+        "bucket": "rekey.bucket_of",
+    },
+    "items": {
+        **dict.fromkeys(ITEMS.names, "align.build_items"),
+    },
+    "profiles": {
+        "user_id": "as logged",
+        "profile": "align.profile_columns",
+        "profile_extra": "align.profile_columns",
+        "split": "rekey.split_of",
+    },
+    "history": {
+        **dict.fromkeys(("user_id", "ts", "kind", "title", "category"), "as logged"),
+        "split": "rekey.split_of",
+    },
+    "quarantine": {
+        "stage": "lake.write_quarantine",
+        **dict.fromkeys(
+            ("table_name", "source_file", "source_row", "reason", "detail", "payload"), "readers.reject_rows"
+        ),
+        "kept": "ingest.accounting.ingest_quarantine",
+    },
+    "records": {
+        **dict.fromkeys(RECORDS.names, "records.build_records"),
+        **dict.fromkeys(
+            ("rationale", "response", "gold_missing", "intent"), "extractors.pipeline.fill_records"
+        ),
+        **_PLACEMENT,
+    },
+    "histories": {
+        **dict.fromkeys(HISTORIES.names, "chain.chain"),
+        "continues": "chain.continuation",
+        **_PLACEMENT,
+    },
+    "intents": {
+        **dict.fromkeys(INTENTS.names, "extractors.pipeline.intents_frame"),
+        **_PROVENANCE,
+        "bucket": "rekey.bucket_of",
+    },
+    "rationales": {
+        **dict.fromkeys(RATIONALES.names, "extractors.pipeline.rationales_frame"),
+        **_PROVENANCE,
+        "bucket": "rekey.bucket_of",
+    },
 }
 # Tables partitioned by user bucket (hive layout bucket=K/); the rest are single files.
 PARTITIONED: tuple[str, ...] = ("steps", "sessions", "feed_layouts", "records")

@@ -321,7 +321,7 @@ def read_userarena(
             except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as exc:
                 bad.append(
                     {
-                        "table": "events",
+                        "table_name": "events",
                         "source_file": rel,
                         "source_row": line,
                         "reason": "unparseable_row",

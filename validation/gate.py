@@ -46,9 +46,9 @@ from validation.report import (
     DOCS_DIR,
     EXAMPLES,
     RUNS_DIR,
+    CheckOutcome,
     GateError,
     GateSummary,
-    Outcome,
     TableReport,
     write_docs_listing,
     write_run_files,
@@ -131,12 +131,13 @@ def load_lake_table(lake: Path, suite: TableSuite, files: Sequence[Path]) -> Loa
 
 
 def load_raw_table(frame: pl.DataFrame) -> Loaded:
-    """A raw table as read by transforms.readers, its locators renamed (``prepare`` drops raw ids)."""
+    """A raw table as read by transforms.readers, its locators renamed (``with_check_columns`` drops
+    raw ids)."""
     located = frame.rename({"_file": FILE, "_row": FILE_ROW}) if "_file" in frame.columns else frame
     return Loaded(located, full=False)
 
 
-def prepare(
+def with_check_columns(
     suite: TableSuite, frame: pl.DataFrame, first_row: int = 0, helpers: Sequence[pl.Expr] = ()
 ) -> pl.DataFrame:
     """Helper columns (``helpers`` replace the suite's own of the same name), raw ids dropped, and
@@ -181,13 +182,15 @@ def _row_number(index: Any) -> int:
     return int(index[ROW]) if isinstance(index, dict) else int(index)
 
 
-def combine(suite: TableSuite, results: list[Any]) -> list[Outcome]:
+def combine(suite: TableSuite, results: list[Any]) -> list[CheckOutcome]:
     """Outcomes per check over all batches; map expectations judged on total counts."""
     grouped = _by_check(results)
     outcomes = []
     for c in suite.checks:
         parts = grouped.get(c.name, [])
-        o = Outcome(suite.name, suite.table, c.name, c.expectation, c.severity, c.level, c.doc, success=True)
+        o = CheckOutcome(
+            suite.name, suite.table, c.name, c.expectation, c.severity, c.level, c.doc, success=True
+        )
         o.exception = _exception(parts) if parts else "the expectation returned no result"
         counted = [r.result for r in parts if "unexpected_count" in r.result]
         if o.exception is None and counted and len(counted) == len(parts):
@@ -207,7 +210,7 @@ def combine(suite: TableSuite, results: list[Any]) -> list[Outcome]:
     return outcomes
 
 
-def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome]) -> None:
+def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[CheckOutcome]) -> None:
     """Up to EXAMPLES failing rows per failed check: locator, keys and the columns it read."""
     locators = [c for c in (FILE, FILE_ROW) if c in frame.columns]
     inputs = {h.name: h.build().meta.root_names() for h in suite.helpers}
@@ -225,7 +228,7 @@ def attach_examples(suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outco
 # --- routing ------------------------------------------------------------------
 
 
-def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
+def _reasons(suite: TableSuite, outcomes: list[CheckOutcome]) -> pl.DataFrame:
     """ROW -> reason (first routed check in suite order) and detail (all routed checks)."""
     tags = [
         pl.DataFrame({ROW: o.rows, "check": o.check, "order": i}, schema_overrides={ROW: pl.UInt32})
@@ -252,7 +255,12 @@ def _reasons(suite: TableSuite, outcomes: list[Outcome]) -> pl.DataFrame:
 
 
 def route(
-    lake: Path, suite: TableSuite, frame: pl.DataFrame, outcomes: list[Outcome], replace: bool, target: Path
+    lake: Path,
+    suite: TableSuite,
+    frame: pl.DataFrame,
+    outcomes: list[CheckOutcome],
+    replace: bool,
+    target: Path,
 ) -> int:
     """Move rows failing row-level warn checks to quarantine; rewrite the table under ``target`` (the
     lake, or the stage's staging folder). Returns rows moved."""
@@ -269,7 +277,7 @@ def route(
     declared = suite.schema.names
     rejected = frame.join(tags, on=ROW, how="inner")
     rows = rejected.select(
-        pl.lit(suite.table).alias("table"),
+        pl.lit(suite.table).alias("table_name"),
         pl.col(FILE).alias("source_file"),
         pl.col(FILE_ROW).alias("source_row"),
         "reason",
@@ -294,26 +302,26 @@ def lost_reasons(source: Path, stage: str) -> pl.DataFrame:
     """(table, reason, rows) of the rows ``stage`` rejected (kept flags are not losses), most first."""
     folder = table_dir(source, "quarantine") / f"stage={stage}"
     if not folder.exists():
-        return pl.DataFrame(schema={"table": pl.String, "reason": pl.String, "rows": pl.UInt32})
+        return pl.DataFrame(schema={"table_name": pl.String, "reason": pl.String, "rows": pl.UInt32})
     return (
         pl.scan_parquet(folder / "**" / "*.parquet", hive_partitioning=False)
         .filter(~pl.col("kept"))
-        .group_by("table", "reason")
+        .group_by("table_name", "reason")
         .agg(pl.len().alias("rows"))
         .sort(["rows", "reason"], descending=[True, False])
         .collect()
     )
 
 
-def _loss(table: str, check: str, expectation: str, doc: str, lost: int, rows_in: int) -> Outcome:
-    o = Outcome(LOSS_SUITE, table, check, expectation, "error", "table", doc, success=lost == 0)
+def _loss(table: str, check: str, expectation: str, doc: str, lost: int, rows_in: int) -> CheckOutcome:
+    o = CheckOutcome(LOSS_SUITE, table, check, expectation, "error", "table", doc, success=lost == 0)
     o.evaluated, o.unexpected = rows_in, lost
     return o
 
 
 def loss_outcomes(
     accounting: dict[str, dict[str, int]], reasons: pl.DataFrame, max_share: float
-) -> list[Outcome]:
+) -> list[CheckOutcome]:
     """Per input table: an error when no row was kept from a non-empty input, or when more than
     ``max_share`` of its rows were quarantined; examples are the top reasons with their counts."""
     outcomes = []
@@ -337,7 +345,12 @@ def loss_outcomes(
             quarantined if too_many else 0,
             rows_in,
         )
-        top = reasons.filter(pl.col("table") == table).head(TOP_REASONS).select("reason", "rows").to_dicts()
+        top = (
+            reasons.filter(pl.col("table_name") == table)
+            .head(TOP_REASONS)
+            .select("reason", "rows")
+            .to_dicts()
+        )
         for o in (kept, share):
             o.examples = [] if o.success else top
         outcomes += [kept, share]
@@ -348,10 +361,10 @@ def loss_outcomes(
 
 
 @dataclass
-class Checked:
+class TableVerdict:
     suite: TableSuite
     loaded: Loaded | None
-    outcomes: list[Outcome]
+    outcomes: list[CheckOutcome]
     report: TableReport
 
 
@@ -378,9 +391,9 @@ class Gate:
         self.runner = Runner(lake / DOCS_DIR / "validation" / self.run_id, self.run_id)
         self.summary = GateSummary(self.run_id, stage, str(lake), now.isoformat())
         self.results: list[dict[str, Any]] = []
-        self.checked: list[Checked] = []
+        self.checked: list[TableVerdict] = []
 
-    def _run(self, suite: TableSuite, frame: pl.DataFrame) -> list[Outcome]:
+    def _run(self, suite: TableSuite, frame: pl.DataFrame) -> list[CheckOutcome]:
         results = self.runner.validate(suite, batches(suite, frame, self.batch_rows))
         self.results += [r.to_json_dict() for r in results]
         outcomes = combine(suite, results)
@@ -388,23 +401,23 @@ class Gate:
         self.summary.outcomes += outcomes
         return outcomes
 
-    def lake_table(self, name: str) -> Checked:
+    def lake_table(self, name: str) -> TableVerdict:
         suite = self.suites[name]
         report = TableReport(name, suite.name, suite.version)
         files = table_files(self.source, name)
         if not files:
-            return self._record(Checked(suite, None, [self._missing(suite)], report))
+            return self._record(TableVerdict(suite, None, [self._missing(suite)], report))
         schema = schema_suite(suite)
-        outcomes = self._run(schema, prepare(schema, schema_frame(suite.schema, files)))
+        outcomes = self._run(schema, with_check_columns(schema, schema_frame(suite.schema, files)))
         if any(o.stops for o in outcomes):
-            return self._record(Checked(suite, None, outcomes, report))
+            return self._record(TableVerdict(suite, None, outcomes, report))
         loaded = load_lake_table(self.source, suite, files)
-        frame = prepare(suite, loaded.frame)
+        frame = with_check_columns(suite, loaded.frame)
         report.rows_in = report.rows_out = frame.height
-        return self._record(Checked(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
+        return self._record(TableVerdict(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
 
-    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> Checked | None:
-        """A raw table chunk by chunk (each chunk prepared with ``prepare``'s global row numbers);
+    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
+        """A raw table chunk by chunk (each chunk prepared with ``with_check_columns``'s global row numbers);
         counts are combined over all chunks, examples taken from the chunks they lie in."""
         results: list[Any] = []
         examples: dict[str, list[dict[str, Any]]] = {}
@@ -428,15 +441,17 @@ class Gate:
             o.examples = [] if o.success else examples.get(o.check, [])
         self.summary.outcomes += outcomes
         report = TableReport(suite.name, suite.name, suite.version, rows, rows)
-        return self._record(Checked(suite, None, outcomes, report))
+        return self._record(TableVerdict(suite, None, outcomes, report))
 
-    def _missing(self, suite: TableSuite) -> Outcome:
+    def _missing(self, suite: TableSuite) -> CheckOutcome:
         doc = f"the table has Parquet files under {table_dir(self.source, suite.table)}"
-        outcome = Outcome(suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False)
+        outcome = CheckOutcome(
+            suite.name, suite.table, "table_present", "-", "error", "table", doc, success=False
+        )
         self.summary.outcomes.append(outcome)
         return outcome
 
-    def _record(self, checked: Checked) -> Checked:
+    def _record(self, checked: TableVerdict) -> TableVerdict:
         for o in checked.outcomes:
             target = checked.report.errors if o.stops else checked.report.warnings
             if not o.success or o.exception:
@@ -510,7 +525,7 @@ class RawBundle:
         unique = [] if duplicated is None else [~key_hash(suite.keys).is_in(duplicated).alias("_key_unique")]
         rows = 0
         for frame in self.frames(suite.table):
-            yield prepare(suite, frame, rows, unique)
+            yield with_check_columns(suite, frame, rows, unique)
             rows += frame.height
 
 

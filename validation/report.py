@@ -26,7 +26,7 @@ VALUE_CHARS = 48
 
 
 @dataclass
-class Outcome:
+class CheckOutcome:
     """One check over one table, all batches combined."""
 
     suite: str
@@ -88,7 +88,7 @@ class GateSummary:
     started_at: str
     seconds: float = 0.0
     tables: dict[str, TableReport] = field(default_factory=dict)
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[CheckOutcome] = field(default_factory=list)
     docs_index: str = ""
     results_path: str = ""
 
@@ -97,11 +97,11 @@ class GateSummary:
         return not any(o.stops for o in self.outcomes)
 
     @property
-    def failed(self) -> list[Outcome]:
+    def failed(self) -> list[CheckOutcome]:
         return [o for o in self.outcomes if o.stops]
 
     @property
-    def warned(self) -> list[Outcome]:
+    def warned(self) -> list[CheckOutcome]:
         return [o for o in self.outcomes if o.warns]
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def describe_row(example: dict[str, Any]) -> str:
     return f"{where} {{{values}}}".strip()
 
 
-def describe_failure(o: Outcome) -> str:
+def describe_failure(o: CheckOutcome) -> str:
     if o.exception:
         return (
             f"table '{o.table}' could not evaluate expectation '{o.check}' ({o.expectation}): {o.exception}"

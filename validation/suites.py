@@ -485,7 +485,7 @@ def history_suite(settings: IngestSettings) -> TableSuite:
 
 
 def quarantine_suite(settings: IngestSettings) -> TableSuite:
-    checks = _required(("stage", "table", "reason"))
+    checks = _required(("stage", "table_name", "reason"))
     return TableSuite("quarantine", "quarantine", S.QUARANTINE, (), tuple(checks), doc="rejected rows")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.engine import manifest_path, roll_out
+from evaluation.engine import roll_out, traces_manifest_path
 from evaluation.rollout import Rollout
 from evaluation.simulators import Sampling, simulator_for_lake
 from evaluation.traces import read_traces
@@ -43,7 +43,7 @@ def test_a_tiny_checkpoint_completes_rollouts_end_to_end(checkpoint, tmp_path):
         (1, False, "parse_failure")
     }
     assert all(t.steps[0].raw_output for t in traces)
-    run = manifest_path(path).read_text()
+    run = traces_manifest_path(path).read_text()
     assert '"max_new_tokens": 8' in run and '"top_p": 0.95' in run and '"seed": 42' in run
 
 

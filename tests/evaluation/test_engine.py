@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evaluation.engine import ManifestMismatch, finished_sessions, manifest_path, replay, roll_out
+from evaluation.engine import ManifestMismatch, finished_sessions, replay, roll_out, traces_manifest_path
 from evaluation.environment import EnvironmentSettings
 from evaluation.simulators import NoAnswer, RandomSimulator
 from evaluation.traces import load_replay, load_traces, read_replay, read_traces
@@ -86,7 +86,7 @@ def test_a_resumed_run_skips_the_sessions_already_written(tmp_path):
     # only s2 and s3 are rolled out again: 2 sessions x 3 outputs
     assert (again.calls, summary.written, summary.resumed) == (6, 2, 2)
     assert [t.session_id for t in read_traces(path)] == ["s0", "s1", "s2", "s3"]
-    manifest = json.loads(manifest_path(path).read_text())
+    manifest = json.loads(traces_manifest_path(path).read_text())
     assert len(manifest["resumed_at"]) == 1 and manifest["sessions"] == 4
 
 
@@ -111,7 +111,7 @@ def test_resuming_under_other_parameters_is_refused(tmp_path):
 def test_the_manifest_records_seed_sampling_and_environment(tmp_path):
     path = tmp_path / "t.jsonl"
     roll_out(sessions(1), RandomSimulator(seed=9), path, source="random:9")
-    manifest = json.loads(manifest_path(path).read_text())
+    manifest = json.loads(traces_manifest_path(path).read_text())
     assert manifest["run"]["kind"] == "rollout" and manifest["run"]["source"] == "random:9"
     assert manifest["run"]["environment"]["budget_single"] == 31  # the reference's budget
     assert manifest["run"]["simulator"] == {}  # the random baseline declares no parameters

@@ -40,7 +40,7 @@ from evaluation.rollout import Rollout
 from evaluation.session import RecordedStep, Session, Trajectory
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.prompts import Accepted, PromptSettings, render_state
 from transforms.records import build_records, needed_items
 
@@ -426,10 +426,10 @@ def test_replay_rebuilds_every_recorded_state_of_an_ingested_lake(tmp_path: Path
 def training_messages(lake: Path) -> dict[tuple[str, int], list[dict[str, str]]]:
     """(session, step) -> the [system, user] messages the records stage builds for that step."""
     prompt = PromptSettings()
-    history = read_table(lake, "history") if (lake / "history").exists() else None
+    history = read_lake_table(lake, "history") if (lake / "history").exists() else None
     records = build_records(
-        read_table(lake, "steps"),
-        read_table(lake, "sessions"),
+        read_lake_table(lake, "steps"),
+        read_lake_table(lake, "sessions"),
         needed_items(lake, prompt),
         history=history,
         settings=prompt,

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from evaluation.engine import manifest_path, roll_out
+from evaluation.engine import roll_out, traces_manifest_path
 from evaluation.environment import EnvironmentSettings
 from evaluation.openai_simulator import OpenAISimulator, OpenAISimulatorSettings
 from evaluation.rollout import Rollout
@@ -103,7 +103,7 @@ def test_the_api_key_is_sent_but_never_logged_printed_or_written(
         sim.close()
     assert server.chat_requests()[0].headers["authorization"] == f"Bearer {KEY}"
     printed = capfd.readouterr()
-    written = (tmp_path / "t.jsonl").read_text() + manifest_path(tmp_path / "t.jsonl").read_text()
+    written = (tmp_path / "t.jsonl").read_text() + traces_manifest_path(tmp_path / "t.jsonl").read_text()
     assert "retrying after server_error" in caplog.text
     for text in (caplog.text, printed.out, printed.err, written):
         assert KEY not in text

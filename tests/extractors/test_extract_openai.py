@@ -16,7 +16,7 @@ from extractors.pipeline import extract_lake
 from flows.extract import spend_line
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import SESSION
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.records import export_chat_jsonl
 
 LEAKY_INTENT = json.dumps(
@@ -71,7 +71,7 @@ def test_every_fault_kind_end_to_end(server, lake):
         and "outcome_word: 'bought'" in reask[-1]["content"]
     )
 
-    intents = read_table(lake.path, "intents")
+    intents = read_lake_table(lake.path, "intents")
     assert intents.height == 4 and intents.select("mode", "trajectory_id").is_unique().all()
     cross = intents.filter(pl.col("mode") == "cross").row(0, named=True)
     assert cross["leakage_verdict"] == "clean" and cross["attempts"] == 2  # clean after one re-ask
@@ -80,18 +80,18 @@ def test_every_fault_kind_end_to_end(server, lake):
     assert single_a["violations"] == ["invalid_json"] and single_a["attempts"] == 2
 
     # nothing lost, nothing duplicated: each of the 19 actions is either a rationale or quarantined
-    rationales = read_table(lake.path, "rationales")
-    quarantine = read_table(lake.path, "quarantine").filter(pl.col("stage") == "extract")
+    rationales = read_lake_table(lake.path, "rationales")
+    quarantine = read_lake_table(lake.path, "quarantine").filter(pl.col("stage") == "extract")
     quarantined = [json.loads(p)["record_id"] for p in quarantine["payload"]]
     assert rationales["record_id"].is_unique().all() and quarantined == [ENTER_COMMENT]
     assert set(rationales["record_id"]) | set(quarantined) == set(
-        read_table(lake.path, "records")["record_id"]
+        read_lake_table(lake.path, "records")["record_id"]
     )
     assert not set(rationales["record_id"]) & set(quarantined)
     assert json.loads(quarantine["detail"][0])[0]["code"] == "future_item"
 
     # the final state recorded in records: gold responses, and no rationale for the quarantined action
-    records = read_table(lake.path, "records")
+    records = read_lake_table(lake.path, "records")
     held = records.filter(pl.col("record_id") == ENTER_COMMENT)
     assert held["rationale"].is_null().all() and held["response"].is_null().all()  # never an empty target
     assert held["gold_missing"].to_list() == ["rationale_quarantined"] * held.height
@@ -120,15 +120,15 @@ def test_export_after_a_partly_failed_extraction(server, lake, tmp_path):
 def test_second_run_sends_zero_requests(server, lake):
     script_faults(server)
     first = extract_lake(lake.path, fast_settings(server, max_reasks=2))
-    before = read_table(lake.path, "rationales").select("record_id", "rationale")
+    before = read_lake_table(lake.path, "rationales").select("record_id", "rationale")
     sent = len(server.chat_requests())
     second = extract_lake(lake.path, fast_settings(server, max_reasks=2))
     # every answer of the first run (23 first answers + 4 re-asks = 27) is in the cache;
     # the checker is deterministic, so the re-asks are the same messages: 27 hits, 0 requests
     assert len(server.chat_requests()) == sent and second["requests"] == 0 and second["cache_hits"] == 27
     assert second["counts"] == first["counts"]
-    assert read_table(lake.path, "rationales").select("record_id", "rationale").equals(before)
-    assert read_table(lake.path, "rationales")["cached"].all()
+    assert read_lake_table(lake.path, "rationales").select("record_id", "rationale").equals(before)
+    assert read_lake_table(lake.path, "rationales")["cached"].all()
 
 
 def fixed_length(text_key: str, length: int) -> str:
@@ -162,9 +162,9 @@ def test_budget_cap_stops_cleanly_then_resumes(server, lake):
         "rationales": {"jobs": 19, "ok": 8, "quarantined": 0, "pending": 11},
     }
     # all that is done is kept: in the tables, in records, in the cache; pending is not quarantine
-    assert read_table(lake.path, "rationales").height == 8 and len(ResponseCache.in_lake(lake.path)) == 10
-    assert read_table(lake.path, "records").unique("record_id")["rationale"].is_not_null().sum() == 8
-    assert read_table(lake.path, "quarantine").filter(pl.col("stage") == "extract").height == 0
+    assert read_lake_table(lake.path, "rationales").height == 8 and len(ResponseCache.in_lake(lake.path)) == 10
+    assert read_lake_table(lake.path, "records").unique("record_id")["rationale"].is_not_null().sum() == 8
+    assert read_lake_table(lake.path, "quarantine").filter(pl.col("stage") == "extract").height == 0
 
     assert summary["budget_usd"] == 350.0 and summary["lake_cost_usd"] == 260.0  # the lake's first spend
 
@@ -175,7 +175,7 @@ def test_budget_cap_stops_cleanly_then_resumes(server, lake):
     # resume: the 10 paid answers come from the cache; only the 13 pending jobs are sent
     assert len(server.chat_requests()) == 23 and resumed["cache_hits"] == 10 and resumed["requests"] == 13
     assert resumed["counts"]["rationales"]["ok"] == 19 and resumed["stopped"] is None
-    assert read_table(lake.path, "rationales")["record_id"].is_unique().all()
+    assert read_lake_table(lake.path, "rationales")["record_id"].is_unique().all()
     # this run paid 13 x 26 = $338; the lake in all 260 + 338 = $598, also read back from disk alone
     assert resumed["cost_usd"] == 338.0 and resumed["lake_cost_usd"] == 598.0
     assert ResponseCache(Path(lake.path) / CACHE_DIR).spent_usd == 598.0

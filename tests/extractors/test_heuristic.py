@@ -10,7 +10,7 @@ from extractors.config import ExtractSettings
 from extractors.heuristic import MODEL, VERSION, heuristic_intent, heuristic_rationale, rules_hash, visits
 from extractors.pipeline import extract_lake, intent_jobs, load_bucket, rationale_jobs
 from tests.extractors.tinylake import SESSION, USER
-from transforms.lake import read_table, write_table
+from transforms.lake import read_lake_table, write_table
 
 OFFLINE = ExtractSettings(progress=False)  # backend "heuristic" is the default
 
@@ -65,10 +65,10 @@ def test_offline_run_fills_everything_and_labels_provenance(lake):
     }
     assert summary["requests"] == 0 and summary["rejects"] == {} and summary["model"] == "rules"
     for name in ("intents", "rationales"):
-        table = read_table(lake.path, name)
+        table = read_lake_table(lake.path, name)
         assert set(table["backend"]) == {"heuristic"} and set(table["model"]) == {MODEL}
         assert set(table["prompt_version"]) == {VERSION} and set(table["prompt_hash"]) == {rules_hash()}
-    records = read_table(lake.path, "records")
+    records = read_lake_table(lake.path, "records")
     assert records.height == lake.record_rows and records["rationale"].is_not_null().all()
     gold = [json.loads(r) for r in records["response"]]
     assert [g["action"] for g in gold] == [json.loads(a) for a in records["action_json"]]
@@ -99,7 +99,7 @@ def test_offline_rerun_reproduces_identical_bytes(lake):
 
 
 def test_records_without_steps_are_quarantined_not_dropped(lake):
-    records = read_table(lake.path, "records")
+    records = read_lake_table(lake.path, "records")
     first = records.head(1)
     # a step that does not exist in a known session, and a whole train trajectory with no steps at all
     stray = first.with_columns(pl.lit(f"{SESSION['sA']}:99").alias("record_id"), pl.lit(99).alias("step"))
@@ -114,6 +114,6 @@ def test_records_without_steps_are_quarantined_not_dropped(lake):
     # rationales: 19 actions + 2 without steps = 21 jobs; intents: 4 + the ghost trajectory = 5 jobs
     assert summary["counts"]["rationales"] == {"jobs": 21, "ok": 19, "quarantined": 2, "pending": 0}
     assert summary["counts"]["intents"] == {"jobs": 5, "ok": 4, "quarantined": 1, "pending": 0}
-    quarantine = read_table(lake.path, "quarantine").filter(pl.col("stage") == "extract")
-    assert sorted(quarantine["table"]) == ["intents", "rationales", "rationales"]
+    quarantine = read_lake_table(lake.path, "quarantine").filter(pl.col("stage") == "extract")
+    assert sorted(quarantine["table_name"]) == ["intents", "rationales", "rationales"]
     assert set(quarantine["reason"]) == {"missing_step"} and not quarantine["kept"].any()

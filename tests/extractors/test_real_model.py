@@ -25,7 +25,7 @@ from flows.cli import app
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import write_sessions_lake
 from trainer.pretrained import served
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 CLEAN = "The blouse looks soft, so I want a closer look at its fabric."
 FENCED_WITH_PROSE = f"""Here is the JSON you asked for:
@@ -198,12 +198,12 @@ def test_extract_against_served_smollm2(prefect_harness, served_smollm2, smollm2
     assert counts["intents"]["jobs"] == 1 and counts["rationales"]["jobs"] == 4
     assert counts["intents"]["pending"] == counts["rationales"]["pending"] == 0
     assert summary["balanced"] and summary["cache_hits"] == 0
-    intents, rationales = read_table(lake, "intents"), read_table(lake, "rationales")
-    quarantine = read_table(lake, "quarantine").filter(pl.col("stage") == "extract")
+    intents, rationales = read_lake_table(lake, "intents"), read_lake_table(lake, "rationales")
+    quarantine = read_lake_table(lake, "quarantine").filter(pl.col("stage") == "extract")
     held = [json.loads(p) for p in quarantine["payload"]]
     held_records = [h["record_id"] for h in held if "record_id" in h]
     assert rationales.height + len(held_records) == 4 and intents.height + len(held) - len(held_records) == 1
-    assert set(rationales["record_id"]) | set(held_records) == set(read_table(lake, "records")["record_id"])
+    assert set(rationales["record_id"]) | set(held_records) == set(read_lake_table(lake, "records")["record_id"])
     assert not set(rationales["record_id"]) & set(held_records)
     assert rationales.height == counts["rationales"]["ok"] and intents.height == counts["intents"]["ok"]
 
@@ -224,5 +224,5 @@ def test_extract_against_served_smollm2(prefect_harness, served_smollm2, smollm2
 
     # what was kept passed the schema and the checker; records carry exactly the kept rationales
     assert all(RationaleAnswer(rationale=r).rationale == r and r for r in rationales["rationale"])
-    records = read_table(lake, "records")
+    records = read_lake_table(lake, "records")
     assert set(records.filter(pl.col("rationale").is_not_null())["record_id"]) == set(rationales["record_id"])

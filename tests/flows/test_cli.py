@@ -17,7 +17,7 @@ from flows.cli import app
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.catalog import query
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 runner = CliRunner()
 
@@ -94,7 +94,7 @@ def test_sql_csv_holds_every_row_and_lists_as_json(lake):
     result = runner.invoke(app, ["sql", "--lake", str(lake), STEPS_SQL, "--format", "csv", "--limit", "2"])
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(io.StringIO(result.output)))
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     # every row (the table limit does not apply); a list cell is a JSON array of the same ids, and
     # the detail-page steps, which show no feed, have an empty cell
     assert [int(r["step"]) for r in rows] == steps["step"].to_list() and len(rows) == 9
@@ -106,7 +106,7 @@ def test_sql_csv_holds_every_row_and_lists_as_json(lake):
 def test_sql_json_is_an_array_of_row_objects(lake):
     result = runner.invoke(app, ["sql", "--lake", str(lake), STEPS_SQL, "--format", "json"])
     assert result.exit_code == 0, result.output
-    steps = read_table(lake, "steps").sort("step").select("step", "action", "visible_items")
+    steps = read_lake_table(lake, "steps").sort("step").select("step", "action", "visible_items")
     assert json.loads(result.output) == steps.to_dicts()
 
 

@@ -13,7 +13,7 @@ from extractors.config import ExtractSettings
 from extractors.fakeserver import FakeOpenAIServer, status
 from flows.extract import extract_command, extract_flow
 from tests.extractors.tinylake import write_tiny_lake
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 
 def test_flow_offline_default(prefect_harness, tmp_path):
@@ -24,7 +24,7 @@ def test_flow_offline_default(prefect_harness, tmp_path):
     assert summary["backend"] == "heuristic" and summary["requests"] == 0 and summary["balanced"]
     manifest = json.loads((lake.path / "_runs" / "extract" / "latest.json").read_text())
     assert manifest["counts"] == summary["counts"]
-    assert read_table(lake.path, "records")["rationale"].is_not_null().all()
+    assert read_lake_table(lake.path, "records")["rationale"].is_not_null().all()
 
 
 def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypatch):
@@ -47,7 +47,7 @@ def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypa
     assert len(sent) == 24 and {r.body["model"] for r in sent} == {"served-model"}
     assert "retries 1" in result.output and secret not in result.output
     assert sent[0].headers["authorization"] == f"Bearer {secret}"
-    rationales = read_table(lake.path, "rationales")
+    rationales = read_lake_table(lake.path, "rationales")
     assert rationales.height == 19 and set(rationales["backend"]) == {"openai"}
     assert not [p for p in lake.path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
-    assert read_table(lake.path, "intents").filter(pl.col("mode") == "cross").height == 1
+    assert read_lake_table(lake.path, "intents").filter(pl.col("mode") == "cross").height == 1

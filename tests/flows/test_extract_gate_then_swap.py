@@ -19,7 +19,7 @@ from flows.cli import app
 from flows.extract import extract_flow
 from tests.extractors.tinylake import write_tiny_lake
 from tests.flows.test_gate_then_swap import lake_files
-from transforms.lake import STAGING, read_table
+from transforms.lake import STAGING, read_lake_table
 
 runner = CliRunner()
 RATIONALES, INTENTS = 19, 4  # the tiny lake's jobs (tests/extractors/tinylake.py)
@@ -83,7 +83,7 @@ def test_an_extraction_keeping_no_rationale_stops_and_leaves_the_previous_lake(e
     assert without_cache(lake_files(lake)) == before
     assert len(ResponseCache.in_lake(lake)) == asked
     assert not any((lake / STAGING).iterdir()), "the staged tables are gone"
-    assert set(read_table(lake, "rationales")["backend"]) == {"heuristic"}
+    assert set(read_lake_table(lake, "rationales")["backend"]) == {"heuristic"}
 
 
 def test_after_a_stopped_gate_a_good_extraction_is_in_place_and_in_the_catalog(extracted_lake, fast_client):
@@ -140,5 +140,5 @@ def test_a_run_killed_after_its_first_bucket_leaves_the_lake_and_a_rerun_finishe
     monkeypatch.setattr(extractors.pipeline, "run_backend", run_backend)
     summary = extract_lake(lake, ExtractSettings(progress=False))
     assert summary["counts"]["rationales"]["ok"] == RATIONALES
-    assert read_table(lake, "rationales").height == RATIONALES
-    assert read_table(lake, "intents").height == INTENTS
+    assert read_lake_table(lake, "rationales").height == RATIONALES
+    assert read_lake_table(lake, "intents").height == INTENTS

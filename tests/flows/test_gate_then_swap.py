@@ -18,7 +18,7 @@ from flows.records import records_flow
 from flows.validate import validate_flow
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms.config import IngestSettings
-from transforms.lake import STAGING, read_table
+from transforms.lake import STAGING, read_lake_table
 from validation.report import GateError
 
 runner = CliRunner()
@@ -81,7 +81,7 @@ def test_a_failing_gate_after_a_good_run_leaves_the_previous_lake(good_lake):
     assert lake_files(lake) == before
     # the same bundle under the default allowance (50 %) passes and replaces the tables
     ingest_flow(str(raw), str(lake))
-    assert read_table(lake, "steps").height == 8
+    assert read_lake_table(lake, "steps").height == 8
 
 
 def test_chain_keeping_no_user_stops_before_the_swap(good_lake, monkeypatch):
@@ -114,14 +114,14 @@ def test_a_toml_scroll_limit_is_honoured_by_alignment_gate_and_prompts(prefect_h
     config.write_text("[ingest.geometry]\nmax_feed_scroll = 1000\n")
     ingested = runner.invoke(app, ["ingest", str(raw), "--lake", str(lake), "--config", str(config)])
     assert ingested.exit_code == 0, ingested.output
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     assert steps["action"].to_list() == ["scroll_down", "scroll_up", "end"]
     assert steps["distance"].to_list() == [900, 900, None]
     # later stages and the on-demand gate read the limit from the lake's manifest, not the defaults
     chain_flow(str(lake))
     records_flow(str(lake))
     assert validate_flow(str(lake), ["steps"])["ok"]
-    system = read_table(lake, "records", ["system"])["system"]
+    system = read_lake_table(lake, "records", ["system"])["system"]
     assert system.str.contains("integer 1..1000").all() and not system.str.contains("1..694").any()
 
 

@@ -7,7 +7,7 @@ import json
 from flows.ingest import ingest_flow, manifest_path
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.catalog import query
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 
 def test_ingest_flow_writes_lake_catalog_and_summary(prefect_harness, tmp_path):
@@ -23,7 +23,7 @@ def test_ingest_flow_writes_lake_catalog_and_summary(prefect_harness, tmp_path):
         "flagged": 0,
         "dropped": 0,
     }
-    assert read_table(lake, "steps").height == 9
+    assert read_lake_table(lake, "steps").height == 9
     assert query(lake, "SELECT count(*) AS n FROM sessions")["n"][0] == 1
     recorded = json.loads(manifest_path(lake).read_text())
     assert recorded["fingerprint"] and "rekey_key" not in recorded["settings"]

@@ -15,7 +15,7 @@ from extractors.fakeserver import FakeOpenAIServer
 from flows.cli import app
 from flows.interrupt import interrupted_line, keep_api_server_through_interrupts
 from tests.extractors.tinylake import write_tiny_lake
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 JOBS = 23  # the tiny lake: 4 intent jobs + 19 rationale jobs, one request each when answered well
 
@@ -66,7 +66,7 @@ def test_ctrl_c_ends_extract_in_seconds_and_a_rerun_resumes(prefect_harness, tmp
     assert rerun.exit_code == 0, rerun.output
     # the answers received before the interrupt are cached: at most the one in flight is asked again
     assert JOBS - asked <= resent <= JOBS - asked + 1
-    assert read_table(lake, "rationales").height == 19 and read_table(lake, "intents").height == 4
+    assert read_lake_table(lake, "rationales").height == 19 and read_lake_table(lake, "intents").height == 4
 
 
 def test_the_line_names_the_command_to_rerun():

@@ -20,7 +20,7 @@ from evaluation.traces import Trace, TraceProfile, TraceStep, load_traces, write
 from flows.score import export_real_traces
 from flows.world import effect_for_lake, world_from_lake
 from tests.flows.worlds import generated_lake
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_world_scores_at_the_ceiling_against_its_held_out_logs(lake: Path, tmp_p
 
 
 def test_world_recovers_the_worlds_ab_effect(lake: Path):
-    users = sorted(read_table(lake, "sessions", ["user_id"])["user_id"].unique().to_list())[:1_000]
+    users = sorted(read_lake_table(lake, "sessions", ["user_id"])["user_id"].unique().to_list())[:1_000]
     world = world_from_lake(lake)
     effect = effect_for_lake(lake, world, world, users=users, seed=0)
     assert effect.users == {"A": 500, "B": 500}

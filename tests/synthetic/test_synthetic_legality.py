@@ -151,7 +151,7 @@ def test_swipes_do_not_wrap_and_conversions_once_per_visit(events):
 
 def test_fractional_pixels_are_logged_and_ingest_clean(written, tmp_path):
     from transforms.ingest import ingest_bundle
-    from transforms.lake import read_table
+    from transforms.lake import read_lake_table
 
     raw = written["parquet"]
     events = pl.read_parquet(raw / "events")
@@ -161,5 +161,5 @@ def test_fractional_pixels_are_logged_and_ingest_clean(written, tmp_path):
     # a legal log loses nothing: every event a step, every card in a layout, no quarantine row
     assert result.quarantine_by_reason == {} and result.flagged_by_reason == {}
     assert result.counts["events"].rows_out == events.height and result.counts["feeds"].rows_out == feeds.height
-    steps = read_table(tmp_path / "lake", "steps")
+    steps = read_lake_table(tmp_path / "lake", "steps")
     assert steps["scroll_top"].dtype == pl.Float64 and (steps["scroll_top"] % 1 != 0).any()

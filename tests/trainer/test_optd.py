@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from tests.trainer.conftest import tiny_model
 from trainer.config import TinyModelSettings, TrainSettings
-from trainer.data import RecordText, State, encode, load_records, prompt_ids
+from trainer.data import EncodedState, RecordText, encode, load_records, prompt_ids
 from trainer.generation import (
     Generated,
     HFGenerator,
@@ -127,7 +127,7 @@ def tokenizer():
     return train_tokenizer([t for r in rows for t in (r["system"], r["prompt"], r["response"])], 512)
 
 
-def lake_states(lake: Path, tokenizer, split: str = "train") -> list[State]:
+def lake_states(lake: Path, tokenizer, split: str = "train") -> list[EncodedState]:
     records, _ = load_records(lake, [split], ["single"])
     states, dropped = encode(records, tokenizer, 10_000, 10_000)
     assert not dropped
@@ -147,7 +147,7 @@ def test_the_privileged_prompt_is_the_plain_one_with_the_intent_appended(lake, t
     assert all(len(s.privileged_prompt_ids) > len(s.state.prompt_ids) for s in kept)
     assert kept[0].privileged_prompt_ids == prompt_ids(tokenizer, privileged_messages(record))
     # a state without an intent cannot be distilled; a privileged prompt over the limit is dropped
-    no_intent = State(RecordText(**{**vars(record), "intent": None}), states[0].prompt_ids, [1])
+    no_intent = EncodedState(RecordText(**{**vars(record), "intent": None}), states[0].prompt_ids, [1])
     shortest = min(len(s.privileged_prompt_ids) for s in kept)
     _, counted = optd_states([no_intent, *states], tokenizer, max_prompt_tokens=shortest - 1)
     assert counted == {"no_intent": 1, "privileged_prompt_too_long": 24}

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from transforms.chain import PAPER, chain, chain_stats, stats_markdown
-from transforms.lake import read_table, write_table
+from transforms.lake import read_lake_table, write_table
 from transforms.schemas import SESSIONS
 
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
@@ -110,5 +110,5 @@ def test_summary_figures(histories):
 
 def test_histories_round_trip_through_the_lake(tmp_path, histories):
     write_table(tmp_path, "histories", histories)
-    back = read_table(tmp_path, "histories").sort("user_id")
+    back = read_lake_table(tmp_path, "histories").sort("user_id")
     assert back.equals(histories.select(back.columns))

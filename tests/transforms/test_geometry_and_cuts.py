@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from tests.bundles import event, items, profiles, tiny_bundle, write_bundle
 from transforms.config import Geometry, IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.records import write_records
 from transforms.rekey import Pseudonymizer
 
@@ -35,9 +35,9 @@ def ingest(tmp_path: Path, bundle: dict, settings: IngestSettings | None = None,
 
 def quarantined(lake: Path) -> dict[str, list[str]]:
     """Rejected (not kept) rows by reason: their raw source rows, as 'table:row'."""
-    rows = read_table(lake, "quarantine").filter(~pl.col("kept")).sort("table", "source_row")
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept")).sort("table_name", "source_row")
     by_reason: dict[str, list[str]] = {}
-    for table, row, reason in rows.select("table", "source_row", "reason").iter_rows():
+    for table, row, reason in rows.select("table_name", "source_row", "reason").iter_rows():
         by_reason.setdefault(reason, []).append(f"{table}:{row}")
     return by_reason
 
@@ -81,7 +81,7 @@ def fractional_bundle() -> dict:
 def test_fractional_pixels_everywhere_ingest_exactly(tmp_path, fmt):
     result, lake = ingest(tmp_path, fractional_bundle(), IngestSettings(geometry=FRACTIONAL_GEOMETRY), fmt)
     assert quarantined(lake) == {} and result.counts["feeds"].rows_out == 8
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     assert steps["action"].to_list() == [
         "scroll_down", "click", "ipv_scroll_down", "back_home", "scroll_up", "end"]  # fmt: skip
     # 400.4 -> 400; 500.6 -> 501 (nearest whole px); 300.2 -> 300; the offsets stay exact
@@ -102,11 +102,11 @@ def test_fractional_pixels_everywhere_ingest_exactly(tmp_path, fmt):
         keyed("item", "itm-3", "itm-4", "itm-5", "itm-6", "itm-7", "itm-8"),
         keyed("item", "itm-1", "itm-2", "itm-3", "itm-4", "itm-5", "itm-6"),
     ]
-    layout = read_table(lake, "feed_layouts").sort("rank")
+    layout = read_lake_table(lake, "feed_layouts").sort("rank")
     assert layout.select("x", "y", "width", "height").rows() == [
         (x, y, 196.5, h) for _, x, y, h in FRACTIONAL_CARDS
     ]
-    session = read_table(lake, "sessions").row(0, named=True)
+    session = read_lake_table(lake, "sessions").row(0, named=True)
     assert session["feed_height"] == 1240.5 and session["cut_reason"] is None
     assert session["terminal"] == "browse_only" and session["length"] == 6
 
@@ -151,12 +151,12 @@ def test_userarena_boxes_of_only_y_and_height(tmp_path):
     (tmp_path / "release.jsonl").write_text(json.dumps(PARTIAL_BOXES) + "\n")
     result = ingest_bundle(tmp_path / "release.jsonl", tmp_path / "lake", source_format="userarena")
     lake = tmp_path / "lake"
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home", "end"]
     assert steps["distance"][0] == 301  # 300.5 px, halves up
     assert steps["visible_items"][0].to_list() == keyed("item", "A", "B", "C")
     assert steps["visible_items"][1].to_list() == keyed("item", "B", "C")
-    flags = read_table(lake, "quarantine").filter(pl.col("kept"))
+    flags = read_lake_table(lake, "quarantine").filter(pl.col("kept"))
     # every placed card lacked a width (A..E: 5 flags); C lacked its height too
     assert flags["reason"].to_list() == ["defaulted_geometry"] * 5
     assert sorted(flags["detail"].to_list()) == sorted(
@@ -165,7 +165,7 @@ def test_userarena_boxes_of_only_y_and_height(tmp_path):
     assert result.quarantine_by_reason == {"missing_required_field": 1}  # F: no y, cannot be placed
     feeds = result.counts["feeds"]
     assert (feeds.rows_in, feeds.rows_out, feeds.quarantined, feeds.flagged) == (6, 5, 1, 5)
-    layout = read_table(lake, "feed_layouts").sort("rank")
+    layout = read_lake_table(lake, "feed_layouts").sort("rank")
     assert layout["width"].to_list() == [196.5] * 5 and layout["x"].null_count() == 5
     assert layout["height"].to_list() == [300, 300, 328, 300, 300]
 
@@ -176,9 +176,9 @@ def test_raw_feeds_without_width_and_height_take_the_defaults(tmp_path):
         del card["width"]
     del bundle["feeds"][0]["height"]  # itm-1: 0..328 instead of 0..300, still visible at top 0
     result, lake = ingest(tmp_path, bundle)
-    assert read_table(lake, "steps").height == 9  # session_a, as with whole boxes
+    assert read_lake_table(lake, "steps").height == 9  # session_a, as with whole boxes
     assert result.flagged_by_reason == {"defaulted_geometry": 8} and result.quarantine_by_reason == {}
-    heights = read_table(lake, "feed_layouts").sort("rank")["height"].to_list()
+    heights = read_lake_table(lake, "feed_layouts").sort("rank")["height"].to_list()
     assert heights[0] == 328
 
 
@@ -199,9 +199,9 @@ def bad_middle() -> dict:
 
 def test_a_bad_event_in_the_middle_cuts_the_session(tmp_path):
     result, lake = ingest(tmp_path, bad_middle())
-    steps = read_table(lake, "steps")
+    steps = read_lake_table(lake, "steps")
     assert steps["action"].to_list() == ["scroll_down"]  # never scroll_down, end
-    session = read_table(lake, "sessions").row(0, named=True)
+    session = read_lake_table(lake, "sessions").row(0, named=True)
     assert (session["cut_reason"], session["terminal"], session["ended"]) == (
         "unknown_action",
         "truncated",
@@ -212,7 +212,7 @@ def test_a_bad_event_in_the_middle_cuts_the_session(tmp_path):
         "unknown_action": ["events:1"],
         "after_rejected_event": ["events:2", "events:3"],
     }
-    details = read_table(lake, "quarantine").filter(pl.col("source_row") == 2)["detail"].to_list()
+    details = read_lake_table(lake, "quarantine").filter(pl.col("source_row") == 2)["detail"].to_list()
     assert details == [
         "the session was cut at an earlier rejected event: unknown_action; itself item_not_in_catalog"
     ]
@@ -222,7 +222,7 @@ def test_a_bad_event_in_the_middle_cuts_the_session(tmp_path):
 
 def test_drop_session_quarantines_the_whole_session(tmp_path):
     result, lake = ingest(tmp_path, bad_middle(), IngestSettings(on_bad_event="drop_session"))
-    assert read_table(lake, "steps").height == 0 and read_table(lake, "sessions").height == 0
+    assert read_lake_table(lake, "steps").height == 0 and read_lake_table(lake, "sessions").height == 0
     assert quarantined(lake) == {
         "dropped_with_session": ["events:0", "events:2", "events:3"],
         "unknown_action": ["events:1"],
@@ -237,9 +237,9 @@ def test_a_screen_check_rejection_cuts_after_the_last_good_step(tmp_path):
     # session_a with ev-4 asking for review 3 of the three (0-based): the steps before it stay
     bundle["events"][4]["review_index"] = 3
     _, lake = ingest(tmp_path, bundle)
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     assert steps["action"].to_list() == ["scroll_down", "click", "ipv_scroll_down", "ipv_enter_comment"]
-    session = read_table(lake, "sessions").row(0, named=True)
+    session = read_lake_table(lake, "sessions").row(0, named=True)
     assert (session["cut_reason"], session["terminal"]) == ("review_not_found", "truncated")
     # ev-5 .. ev-8 (rows 5..8) after it
     assert quarantined(lake) == {
@@ -252,8 +252,8 @@ def test_a_bad_event_after_the_end_cuts_nothing(tmp_path):
     bundle = tiny_bundle()
     bundle["events"].append(event("ev-9", 40, "feed", "teleport", scroll_top=100))
     _, lake = ingest(tmp_path, bundle)
-    assert read_table(lake, "steps").height == 9
-    session = read_table(lake, "sessions").row(0, named=True)
+    assert read_lake_table(lake, "steps").height == 9
+    session = read_lake_table(lake, "sessions").row(0, named=True)
     assert session["cut_reason"] is None and session["terminal"] == "cart_only"
     assert quarantined(lake) == {"unknown_action": ["events:9"]}
 
@@ -263,8 +263,8 @@ def test_duplicates_and_flags_never_cut(tmp_path):
     bundle["events"].append(dict(bundle["events"][3]))  # ev-3 again, identical: merged
     bundle["events"][6]["ts"] = bundle["events"][5]["ts"]  # ev-6 at ev-5's time: a kept flag
     result, lake = ingest(tmp_path, bundle)
-    assert read_table(lake, "steps").height == 9 and quarantined(lake) == {}
-    assert read_table(lake, "sessions")["cut_reason"].to_list() == [None]
+    assert read_lake_table(lake, "steps").height == 9 and quarantined(lake) == {}
+    assert read_lake_table(lake, "sessions")["cut_reason"].to_list() == [None]
     assert result.counts["events"].duplicates == 1 and result.flagged_by_reason == {"duplicate_timestamp": 1}
 
 
@@ -276,9 +276,9 @@ def with_favorite() -> dict:
 
 def test_drop_in_action_map_drops_without_cutting(tmp_path):
     result, lake = ingest(tmp_path, with_favorite(), IngestSettings(action_map={"favorite": "drop"}))
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     assert steps.height == 9 and "favorite" not in steps["action"].to_list()  # session_a whole
-    assert read_table(lake, "sessions")["cut_reason"].to_list() == [None] and quarantined(lake) == {}
+    assert read_lake_table(lake, "sessions")["cut_reason"].to_list() == [None] and quarantined(lake) == {}
     events = result.counts["events"]
     # 10 in = 9 out + 0 quarantined + 0 duplicates + 1 dropped
     assert (events.rows_in, events.rows_out, events.quarantined, events.dropped) == (10, 9, 0, 1)
@@ -286,8 +286,8 @@ def test_drop_in_action_map_drops_without_cutting(tmp_path):
 
 def test_an_unmapped_platform_action_cuts(tmp_path):
     _, lake = ingest(tmp_path, with_favorite())
-    assert read_table(lake, "steps").height == 3  # scroll_down, click, ipv_scroll_down
-    assert read_table(lake, "sessions")["cut_reason"].to_list() == ["unknown_action"]
+    assert read_lake_table(lake, "steps").height == 3  # scroll_down, click, ipv_scroll_down
+    assert read_lake_table(lake, "sessions")["cut_reason"].to_list() == ["unknown_action"]
 
 
 def test_action_map_targets_are_checked():
@@ -300,7 +300,7 @@ def test_records_keep_the_states_of_a_cut_prefix(tmp_path):
     bundle["events"][4]["review_index"] = 3  # cut before ev-4: four steps kept
     _, lake = ingest(tmp_path, bundle)
     write_records(lake, modes=["single"])
-    records = read_table(lake, "records").sort("step")
+    records = read_lake_table(lake, "records").sort("step")
     assert records["action"].to_list() == ["scroll_down", "click", "ipv_scroll_down", "ipv_enter_comment"]
 
 
@@ -308,7 +308,7 @@ def test_a_session_cut_before_its_first_step_keeps_nothing(tmp_path):
     bundle = tiny_bundle()
     bundle["events"][0]["action"] = "teleport"
     result, lake = ingest(tmp_path, bundle)
-    assert read_table(lake, "steps").height == 0 and read_table(lake, "sessions").height == 0
+    assert read_lake_table(lake, "steps").height == 0 and read_lake_table(lake, "sessions").height == 0
     by_reason = quarantined(lake)
     assert by_reason["unknown_action"] == ["events:0"]
     assert by_reason["after_rejected_event"] == [f"events:{n}" for n in range(1, 9)]
@@ -350,7 +350,7 @@ def test_the_gate_accepts_fractional_lenient_and_cut_lakes(tmp_path, case):
     summary = run_gate(lake, tables, stage="ingest", replace_quarantine=True, settings=settings, docs=False)
     assert summary.ok
     if case == "cut_after_buy":  # a buy, but cut: truncated, not purchase
-        session = read_table(lake, "sessions").row(0, named=True)
+        session = read_lake_table(lake, "sessions").row(0, named=True)
         assert (session["buys"], session["terminal"], session["cut_reason"]) == (
             1,
             "truncated",

@@ -10,7 +10,7 @@ import pytest
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.rekey import Pseudonymizer
 
 KEY = IngestSettings().rekey_key
@@ -35,7 +35,7 @@ def lake(request, tmp_path_factory) -> Path:
 
 
 def test_steps_are_contiguous_and_in_time_order(lake):
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     assert steps["step"].to_list() == list(range(9))
     assert steps["action"].to_list() == [
         "scroll_down", "click", "ipv_scroll_down", "ipv_enter_comment", "ipv_click_comment",
@@ -45,7 +45,7 @@ def test_steps_are_contiguous_and_in_time_order(lake):
 
 
 def test_visible_items_follow_the_half_height_rule(lake):
-    visible = read_table(lake, "steps").sort("step")["visible_items"].to_list()
+    visible = read_lake_table(lake, "steps").sort("step")["visible_items"].to_list()
     assert visible[0] == items(1, 2, 3, 4)  # top 0
     assert visible[1] == items(3, 4, 5, 6, 7, 8)  # top 400
     assert visible[7] == items(3, 4, 5, 6, 7, 8)  # top 400 again after back_home
@@ -54,7 +54,7 @@ def test_visible_items_follow_the_half_height_rule(lake):
 
 
 def test_click_target_detail_context_and_arguments(lake):
-    steps = read_table(lake, "steps").sort("step")
+    steps = read_lake_table(lake, "steps").sort("step")
     click = steps.row(1, named=True)
     assert click["target_item_id"] == items(5)[0]
     assert click["target_title"] == "Linen shirt 5"
@@ -67,10 +67,10 @@ def test_click_target_detail_context_and_arguments(lake):
 
 
 def test_profile_snapshot_and_session_summary(lake):
-    steps = read_table(lake, "steps")
+    steps = read_lake_table(lake, "steps")
     assert steps["profile"].struct.field("member_level").unique().to_list() == ["gold"]
     assert not steps["profile_missing"].any()
-    session = read_table(lake, "sessions").row(0, named=True)
+    session = read_lake_table(lake, "sessions").row(0, named=True)
     assert (session["length"], session["clicks"], session["carts"], session["buys"]) == (9, 1, 1, 0)
     assert session["terminal"] == "cart_only"  # ended, a cart, no buy
     assert session["categories"] == ["Apparel"]  # itm-5 is odd-numbered -> Apparel
@@ -78,13 +78,13 @@ def test_profile_snapshot_and_session_summary(lake):
 
 
 def test_feed_layout_ranks_in_reading_order(lake):
-    layout = read_table(lake, "feed_layouts").sort("rank")
+    layout = read_lake_table(lake, "feed_layouts").sort("rank")
     assert layout["item_id"].to_list() == items(1, 2, 3, 4, 5, 6, 7, 8)
     assert layout["rank"].to_list() == list(range(8))
 
 
 def test_items_split_category_levels(lake):
-    item = read_table(lake, "items").filter(pl.col("item_id") == items(2)[0]).row(0, named=True)
+    item = read_lake_table(lake, "items").filter(pl.col("item_id") == items(2)[0]).row(0, named=True)
     assert (item["category_l1"], item["category_l2"], item["category_l3"]) == ("Bags", "Totes", "Canvas")
 
 
@@ -93,5 +93,5 @@ def test_a_smaller_visible_fraction_admits_partly_shown_cards(tmp_path):
     settings = IngestSettings(geometry={"visible_fraction": 0.4})
     write_bundle(tiny_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", settings)
-    visible = read_table(tmp_path / "lake", "steps").sort("step")["visible_items"].to_list()
+    visible = read_lake_table(tmp_path / "lake", "steps").sort("step")["visible_items"].to_list()
     assert visible[0] == items(1, 2, 3, 4, 5)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.bundles import at, event, tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 Bundle = dict[str, list[dict]]
 
@@ -165,7 +165,7 @@ CASES: dict[str, tuple[Callable[[Bundle], Bundle], str, str, int]] = {
 def _ingest(tmp_path: Path, bundle: Bundle, fmt: str = "parquet"):
     write_bundle(bundle, tmp_path / "raw", fmt)
     result = ingest_bundle(tmp_path / "raw", tmp_path / "lake")
-    quarantine = read_table(tmp_path / "lake", "quarantine")
+    quarantine = read_lake_table(tmp_path / "lake", "quarantine")
     return result, quarantine
 
 
@@ -173,8 +173,8 @@ def _ingest(tmp_path: Path, bundle: Bundle, fmt: str = "parquet"):
 def test_fault_is_quarantined_with_its_reason(case, tmp_path):
     mutate, table, reason, expected = CASES[case]
     result, quarantine = _ingest(tmp_path, mutate(tiny_bundle()))
-    hits = quarantine.filter((pl.col("reason") == reason) & (pl.col("table") == table) & ~pl.col("kept"))
-    assert hits.height == expected, quarantine.select("table", "reason", "detail").to_dicts()
+    hits = quarantine.filter((pl.col("reason") == reason) & (pl.col("table_name") == table) & ~pl.col("kept"))
+    assert hits.height == expected, quarantine.select("table_name", "reason", "detail").to_dicts()
     assert result.quarantine_by_reason.get(reason) == expected
     assert all(c.balanced for c in result.counts.values()), result.counts
 
@@ -183,14 +183,14 @@ def test_exact_duplicate_is_merged_and_counted(tmp_path):
     result, quarantine = _ingest(tmp_path, _exact_duplicate_event(tiny_bundle()))
     events = result.counts["events"]
     assert (events.rows_in, events.rows_out, events.duplicates, events.quarantined) == (10, 9, 1, 0)
-    assert quarantine.filter(pl.col("table") == "events").height == 0
+    assert quarantine.filter(pl.col("table_name") == "events").height == 0
 
 
 def test_missing_profile_is_kept_and_flagged(tmp_path):
     result, quarantine = _ingest(tmp_path, _missing_profile(tiny_bundle()))
     flags = quarantine.filter(pl.col("reason") == "missing_profile")
     assert flags.height == 1 and flags["kept"].all()  # one flag per user, rows kept
-    steps = read_table(tmp_path / "lake", "steps")
+    steps = read_lake_table(tmp_path / "lake", "steps")
     assert steps.height == 9 and steps["profile_missing"].all()
     assert result.flagged_by_reason == {"missing_profile": 1}
 
@@ -202,7 +202,7 @@ def test_out_of_order_and_tied_timestamps_are_reordered_and_flagged(tmp_path):
     events[6]["ts"] = events[5]["ts"]  # back_home ties with the cart: source order decides
     result, quarantine = _ingest(tmp_path, bundle)
     assert result.flagged_by_reason == {"duplicate_timestamp": 1, "out_of_order_timestamp": 1}
-    steps = read_table(tmp_path / "lake", "steps").sort("step")
+    steps = read_lake_table(tmp_path / "lake", "steps").sort("step")
     assert steps["action"].to_list()[2:7] == [
         "ipv_scroll_down", "ipv_enter_comment", "ipv_click_comment", "ipv_cart", "back_home",
     ]  # fmt: skip
@@ -229,7 +229,7 @@ def test_type_mismatch_in_csv(tmp_path):
     frame.write_csv(part)
     result = ingest_bundle(tmp_path / "raw", tmp_path / "lake")
     assert result.quarantine_by_reason.get("schema_mismatch") == 1
-    detail = read_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "schema_mismatch")[
+    detail = read_lake_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "schema_mismatch")[
         "detail"
     ]
     assert "price" in detail[0]

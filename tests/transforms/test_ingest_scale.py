@@ -17,11 +17,11 @@ import pytest
 
 from synthetic.bundle import write_bundle as write_synthetic
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
-from transforms import ingest as ingest_module
 from transforms import lake as lake_io
 from transforms.config import IngestSettings
-from transforms.ingest import _part_of, ingest_bundle
-from transforms.lake import read_table, table_files
+from transforms.ingest import chunks, feeds_in_place, hashes, ingest_bundle
+from transforms.ingest import parts as pass_one
+from transforms.lake import read_lake_table, table_files
 from transforms.readers import read_tables
 
 TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history", "quarantine")
@@ -40,7 +40,7 @@ class ThreePartsInMemory(ThreeParts):
 
 def part_of(page_view: str, parts: int = PARTS) -> int:
     """The part a page view lands in (the ingest's own rule)."""
-    return pl.DataFrame({"page_view_id": [page_view]}).select(_part_of(parts)).item()
+    return pl.DataFrame({"page_view_id": [page_view]}).select(hashes.part_of(parts)).item()
 
 
 def views_by_part() -> dict[int, list[str]]:
@@ -84,7 +84,7 @@ def _lake(lake: Path) -> dict[str, pl.DataFrame]:
     """Every table's rows in a canonical order (row sets, not file layout)."""
     tables = {}
     for table in TABLES:
-        frame = read_table(lake, table)
+        frame = read_lake_table(lake, table)
         tables[table] = frame.sort(pl.struct(pl.all()).struct.json_encode())
     return tables
 
@@ -105,13 +105,13 @@ def _ingest_both(raw: Path, tmp_path: Path, settings: IngestSettings):
 def spilled(monkeypatch) -> list[Path]:
     """The paths of the spill files a run writes."""
     paths: list[Path] = []
-    real_spill = ingest_module._write_spill
+    real_spill = pass_one._write_spill
 
     def spy(batch):
         paths.extend(path for _, path in batch)
         real_spill(batch)
 
-    monkeypatch.setattr(ingest_module, "_write_spill", spy)
+    monkeypatch.setattr(pass_one, "_write_spill", spy)
     return paths
 
 
@@ -189,12 +189,12 @@ def test_feed_view_runs_merge_across_files_and_refuse_split_views(tmp_path):
     raw = tmp_path / "raw"
     write_bundle(grouped_feeds_bundle(), raw)
     split_feeds(raw, rows_per_file=24, row_group=7)
-    runs, bases = ingest_module._feed_view_runs(raw, 4)
+    runs, bases = feeds_in_place._feed_view_runs(raw, 4)
     assert bases == {"feeds/part-0.parquet": 0, "feeds/part-1.parquet": 24}
     assert runs["_rows"].sum() == 36 and runs["_start"].to_list()[:3] == [0, 9, 17]
     assert runs["page_view_id"].null_count() == 1  # the card without a view, a run of its own
     write_bundle(cross_part_bundle(), tmp_path / "mixed")  # view c's stray card after d's cards
-    assert ingest_module._feed_view_runs(tmp_path / "mixed", 4) is None
+    assert feeds_in_place._feed_view_runs(tmp_path / "mixed", 4) is None
 
 
 class ItemChunks(IngestSettings):
@@ -222,7 +222,7 @@ def items_over_chunks() -> dict[str, list[dict]]:
 def test_items_left_to_pass_two_are_read_once_and_counted_once(tmp_path, monkeypatch, fmt):
     write_bundle(items_over_chunks(), tmp_path / "raw", fmt)
     read_item_text, id_column = [], []
-    real_read, real_ids = ingest_module.read_tables, ingest_module._item_id_column_hashes
+    real_read, real_ids = chunks.read_tables, pass_one._item_id_column_hashes
 
     def spy_read(root, tables, *args):
         read_item_text.append("items" in tables)
@@ -233,8 +233,8 @@ def test_items_left_to_pass_two_are_read_once_and_counted_once(tmp_path, monkeyp
         return id_column[-1]
 
     single = ingest_bundle(tmp_path / "raw", tmp_path / "one")  # one chunk: items read in pass 1
-    monkeypatch.setattr(ingest_module, "read_tables", spy_read)
-    monkeypatch.setattr(ingest_module, "_item_id_column_hashes", spy_ids)
+    monkeypatch.setattr(chunks, "read_tables", spy_read)
+    monkeypatch.setattr(pass_one, "_item_id_column_hashes", spy_ids)
     parted = ingest_bundle(tmp_path / "raw", tmp_path / "many", ItemChunks())
     _same_lakes(tmp_path / "one", tmp_path / "many")
     assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
@@ -261,7 +261,7 @@ def test_an_unreadable_items_file_left_to_pass_two_is_quarantined_once(tmp_path)
 def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_path):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", ThreeParts())
-    rejected = read_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "duplicate_event_id")
+    rejected = read_lake_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "duplicate_event_id")
     assert rejected["source_row"].to_list() == [24]  # the later of the two rows with id ev-0
 
 

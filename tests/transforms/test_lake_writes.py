@@ -12,7 +12,7 @@ from tests.bundles import tiny_bundle, write_bundle
 from transforms import lake as lake_io
 from transforms.catalog import query, refresh_catalog
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table, table_files
+from transforms.lake import read_lake_table, table_files
 
 TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history", "quarantine")
 
@@ -26,18 +26,18 @@ def ingested(tmp_path) -> Path:
 
 def test_second_run_gives_identical_rows_and_bytes(ingested):
     lake = ingested / "lake"
-    before = {t: read_table(lake, t) for t in TABLES}
+    before = {t: read_lake_table(lake, t) for t in TABLES}
     files_before = {p.relative_to(lake): p.read_bytes() for t in TABLES for p in table_files(lake, t)}
     ingest_bundle(ingested / "raw", lake)
     for table in TABLES:
-        assert read_table(lake, table).equals(before[table]), table
+        assert read_lake_table(lake, table).equals(before[table]), table
     files_after = {p.relative_to(lake): p.read_bytes() for t in TABLES for p in table_files(lake, t)}
     assert files_after == files_before  # same files, same bytes: no duplicates, no leftovers
 
 
 def test_failure_mid_write_leaves_previous_table_visible(ingested, monkeypatch):
     lake = ingested / "lake"
-    before = read_table(lake, "steps")
+    before = read_lake_table(lake, "steps")
     calls = {"n": 0}
     real_write = lake_io._write_parquet
 
@@ -52,7 +52,7 @@ def test_failure_mid_write_leaves_previous_table_visible(ingested, monkeypatch):
     monkeypatch.setattr(lake_io, "_write_parquet", flaky)
     with pytest.raises(OSError, match="disk full"):
         ingest_bundle(ingested / "raw", lake)
-    assert read_table(lake, "steps").equals(before)
+    assert read_lake_table(lake, "steps").equals(before)
     assert not any((lake / ".staging").iterdir())  # the staged half-file was removed
     for path in table_files(lake, "steps"):
         pq.read_metadata(path)  # every visible file is a whole Parquet file
@@ -75,9 +75,9 @@ def test_duckdb_views_agree_with_polars(ingested):
     refresh_catalog(lake)
     for table in TABLES:
         rows = query(lake, f"SELECT count(*) AS n FROM {table}")["n"][0]
-        assert rows == read_table(lake, table).height, table
+        assert rows == read_lake_table(lake, table).height, table
     mix = query(lake, "SELECT action, steps FROM action_mix()")
-    expected = read_table(lake, "steps").group_by("action").len()
+    expected = read_lake_table(lake, "steps").group_by("action").len()
     assert dict(mix.iter_rows()) == dict(expected.iter_rows())
     funnel = dict(query(lake, "SELECT * FROM funnel()").iter_rows())
     assert funnel == {"sessions": 1, "clicked": 1, "carted": 1, "bought": 0}
@@ -88,7 +88,7 @@ def test_bucket_partition_column_reads_back_as_integer(ingested):
     refresh_catalog(lake)
     types = dict(query(lake, "SELECT column_name, column_type FROM (DESCRIBE steps)").iter_rows())
     assert types["bucket"] == "INTEGER" and types["ts"].startswith("TIMESTAMP")
-    assert read_table(lake, "steps").schema["bucket"] == pl.Int32
+    assert read_lake_table(lake, "steps").schema["bucket"] == pl.Int32
 
 
 def test_catalog_follows_a_moved_lake(ingested, tmp_path_factory):

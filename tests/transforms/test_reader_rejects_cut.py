@@ -18,7 +18,7 @@ from tests.bundles import at, feeds, profiles, session_a, tiny_bundle, write_bun
 from transforms import align
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 
 FIRST_FOUR = ["scroll_down", "click", "ipv_scroll_down", "ipv_enter_comment"]  # rows 0..3, before ev-4
 
@@ -56,7 +56,7 @@ def ingest(tmp_path: Path, bundle: dict, fmt: str, settings: IngestSettings | No
 
 def quarantined(lake: Path) -> dict[str, list[int]]:
     """Rejected events rows by reason: their source rows."""
-    rows = read_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table") == "events"))
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table_name") == "events"))
     by_reason: dict[str, list[int]] = {}
     for row, reason in rows.sort("source_row").select("source_row", "reason").iter_rows():
         by_reason.setdefault(reason, []).append(row)
@@ -64,14 +64,14 @@ def quarantined(lake: Path) -> dict[str, list[int]]:
 
 
 def actions(lake: Path) -> list[str]:
-    return read_table(lake, "steps").sort("session_id", "step")["action"].to_list()
+    return read_lake_table(lake, "steps").sort("session_id", "step")["action"].to_list()
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_a_mistyped_event_in_the_middle_cuts_its_session(tmp_path, fmt):
     result, lake = ingest(tmp_path, tiny_bundle(), fmt, row4=("scroll_top", "abc"))
     assert actions(lake) == FIRST_FOUR  # never ..., ipv_enter_comment, ipv_cart, ...
-    session = read_table(lake, "sessions").row(0, named=True)
+    session = read_lake_table(lake, "sessions").row(0, named=True)
     assert (session["cut_reason"], session["terminal"], session["length"]) == (
         "schema_mismatch",
         "truncated",
@@ -79,7 +79,7 @@ def test_a_mistyped_event_in_the_middle_cuts_its_session(tmp_path, fmt):
     )
     # row 4 once, under the reader's reason; rows 5..8 after it
     assert quarantined(lake) == {"schema_mismatch": [4], "after_rejected_event": [5, 6, 7, 8]}
-    details = read_table(lake, "quarantine").filter(pl.col("source_row") == 5)["detail"].to_list()
+    details = read_lake_table(lake, "quarantine").filter(pl.col("source_row") == 5)["detail"].to_list()
     assert details == ["the session was cut at an earlier rejected event: schema_mismatch"]
     events = result.counts["events"]
     assert (events.rows_in, events.rows_out, events.quarantined) == (9, 4, 5)  # 9 = 4 + 1 + 4
@@ -89,7 +89,7 @@ def test_a_mistyped_event_in_the_middle_cuts_its_session(tmp_path, fmt):
 def test_an_event_without_ts_cuts_at_its_place_in_the_source(tmp_path, fmt):
     _, lake = ingest(tmp_path, tiny_bundle(), fmt, row4=("ts", None))
     assert actions(lake) == FIRST_FOUR  # rows 0..3 come before row 4 in the source and in time
-    assert read_table(lake, "sessions")["cut_reason"].to_list() == ["missing_required_field"]
+    assert read_lake_table(lake, "sessions")["cut_reason"].to_list() == ["missing_required_field"]
     assert quarantined(lake) == {"missing_required_field": [4], "after_rejected_event": [5, 6, 7, 8]}
 
 
@@ -108,7 +108,7 @@ def test_an_event_without_ts_keeps_nothing_that_followed_it_in_the_source(tmp_pa
 def test_drop_session_drops_the_whole_session_of_a_reader_rejected_event(tmp_path):
     settings = IngestSettings(on_bad_event="drop_session")
     result, lake = ingest(tmp_path, tiny_bundle(), "jsonl", settings, row4=("scroll_top", "abc"))
-    assert read_table(lake, "steps").height == 0 and read_table(lake, "sessions").height == 0
+    assert read_lake_table(lake, "steps").height == 0 and read_lake_table(lake, "sessions").height == 0
     assert quarantined(lake) == {"dropped_with_session": [0, 1, 2, 3, 5, 6, 7, 8], "schema_mismatch": [4]}
     assert result.counts["events"].quarantined == 9 and result.counts["feeds"].quarantined == 8
 
@@ -126,13 +126,13 @@ def test_an_unparseable_line_cannot_cut_its_session(tmp_path):
     assert all(c.balanced for c in result.counts.values())
     assert quarantined(lake) == {"unparseable_row": [4]}
     assert actions(lake) == [*FIRST_FOUR, "ipv_cart", "back_home", "scroll_up", "end"]
-    assert read_table(lake, "sessions")["cut_reason"].to_list() == [None]
+    assert read_lake_table(lake, "sessions")["cut_reason"].to_list() == [None]
 
 
 def test_an_event_without_page_view_cannot_cut_a_session(tmp_path):
     _, lake = ingest(tmp_path, tiny_bundle(), "jsonl", row4=("page_view_id", None))
     assert quarantined(lake) == {"missing_required_field": [4]}
-    assert read_table(lake, "steps").height == 8
+    assert read_lake_table(lake, "steps").height == 8
 
 
 def test_a_rejected_event_declared_irrelevant_cuts_nothing(tmp_path):
@@ -149,7 +149,7 @@ def test_a_rejected_event_declared_irrelevant_cuts_nothing(tmp_path):
     )
     assert actions(lake) == FIRST_FOUR  # an ipv_click_comment without ts still cuts
     assert quarantined(lake_favorite) == {"missing_required_field": [4]}
-    assert read_table(lake_favorite, "steps").height == 8
+    assert read_lake_table(lake_favorite, "steps").height == 8
 
 
 def _with_action(bundle: dict, row: int, action: str) -> dict:
@@ -175,7 +175,7 @@ def test_the_mark_reaches_the_part_of_its_page_view(tmp_path):
     ]
     settings = IngestSettings(spill_part_rows=4, memory_rows=0)
     _, lake = ingest(tmp_path, bundle, "parquet", settings, row13=("scroll_top", "abc"))
-    sessions = read_table(lake, "sessions").sort("start_ts")
+    sessions = read_lake_table(lake, "sessions").sort("start_ts")
     assert sessions["length"].to_list() == [9, 4, 9]
     assert sessions["cut_reason"].to_list() == [None, "schema_mismatch", None]
     assert quarantined(lake) == {"schema_mismatch": [13], "after_rejected_event": [14, 15, 16, 17]}
@@ -227,7 +227,7 @@ def test_a_mistyped_event_in_one_of_several_small_files_cuts_its_session(tmp_pat
     lake = tmp_path / "lake"
     assert all(c.balanced for c in result.counts.values())
     assert actions(lake) == FIRST_FOUR
-    rows = read_table(lake, "quarantine").filter(~pl.col("kept")).sort("source_file", "source_row")
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept")).sort("source_file", "source_row")
     assert rows.select("source_file", "source_row", "reason").rows() == [
         ("events/part-1.parquet", 0, "schema_mismatch"),
         *[("events/part-1.parquet", n, "after_rejected_event") for n in range(1, 5)],

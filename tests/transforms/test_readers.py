@@ -14,7 +14,7 @@ import pytest
 import transforms.readers as readers
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.readers import _read_rows, chunk_plan, read_chunk, read_tables
 
 
@@ -104,7 +104,7 @@ def test_an_unreadable_1000_line_jsonl_file_counts_1000_rows_quarantined(tmp_pat
     history = result.counts["history"]
     assert (history.rows_in, history.rows_out, history.quarantined) == (1000, 0, 1000)
     assert result.quarantine_by_reason["unreadable_file"] == 1000
-    quarantined = read_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "unreadable_file")
+    quarantined = read_lake_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "unreadable_file")
     assert quarantined["source_row"].to_list() == list(range(1000))
     assert (
         "OSError" in quarantined["detail"][0]
@@ -133,7 +133,7 @@ def test_a_file_without_a_footer_counts_as_one_row_and_says_so(tmp_path):
     part.write_bytes(part.read_bytes()[:40])  # cut before the footer: its row count is gone with it
     result = ingest_bundle(root, tmp_path / "lake")
     assert result.counts["history"].rows_in == 1 and result.quarantine_by_reason["unreadable_file"] == 1
-    detail = read_table(tmp_path / "lake", "quarantine")["detail"][0]
+    detail = read_lake_table(tmp_path / "lake", "quarantine")["detail"][0]
     assert "its rows could not be counted" in detail
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from transforms.lake import read_table, table_files, write_quarantine, write_table
+from transforms.lake import read_lake_table, table_files, write_quarantine, write_table
 from transforms.prompts import (
     Card,
     DetailPage,
@@ -576,7 +576,7 @@ def test_write_records_and_export_before_extraction(tmp_path):
     # 13 single states + 10 cross states (u1 only); nothing recorded is unexecutable
     assert summary.records == 23 and summary.gold_not_executable == {}
     assert summary.gold_missing == {"rationale_missing": 23}  # no rationale exists yet
-    records = read_table(tmp_path, "records")
+    records = read_lake_table(tmp_path, "records")
     assert records.height == 23 and records.select("mode", "record_id").is_unique().all()
     assert records["response"].is_null().all()  # an empty rationale is never a gold target
     out = tmp_path / "sft.jsonl"

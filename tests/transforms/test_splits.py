@@ -19,7 +19,7 @@ from tests.bundles import at, event, feeds, tiny_bundle, write_bundle
 from transforms.chain import chain, split_by_activity
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.rekey import Pseudonymizer, split_of
 
 RATIOS = (0.8, 0.1, 0.1)
@@ -78,14 +78,14 @@ def test_new_day_and_new_user_keep_old_assignments(tmp_path):
     write_bundle(day2, tmp_path / "raw2")
     ingest_bundle(tmp_path / "raw2", tmp_path / "lake2")
 
-    first = read_table(tmp_path / "lake1", "profiles").select("user_id", "split")
-    second = read_table(tmp_path / "lake2", "profiles").select("user_id", "split")
+    first = read_lake_table(tmp_path / "lake1", "profiles").select("user_id", "split")
+    second = read_lake_table(tmp_path / "lake2", "profiles").select("user_id", "split")
     assert second.height == first.height + 1
     assert (
         first.join(second, on="user_id", suffix="_2").filter(pl.col("split") != pl.col("split_2")).is_empty()
     )
     # the chained histories carry the same split; usr-1 now has two sessions a day apart
-    histories = chain(read_table(tmp_path / "lake2", "sessions").lazy()).collect()
+    histories = chain(read_lake_table(tmp_path / "lake2", "sessions").lazy()).collect()
     joined = histories.join(first, on="user_id", suffix="_1")
     assert (joined["split"] == joined["split_1"]).all()
     # pv-A ends 31 s after T0, pv-B starts one day after T0: gap 86,369 s
@@ -100,8 +100,8 @@ def test_history_carries_its_users_split(tmp_path):
     ]
     write_bundle(bundle, tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake")
-    history = read_table(tmp_path / "lake", "history").select("user_id", "split")
-    profiles = read_table(tmp_path / "lake", "profiles").select("user_id", "split")
+    history = read_lake_table(tmp_path / "lake", "history").select("user_id", "split")
+    profiles = read_lake_table(tmp_path / "lake", "profiles").select("user_id", "split")
     assert history.height == 2 and history["split"].is_not_null().all()
     # usr-1 has events and a profile: its history row agrees with its profile
     joined = history.join(profiles, on="user_id", suffix="_profile")

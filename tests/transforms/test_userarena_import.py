@@ -14,7 +14,7 @@ import pytest
 from tests.bundles import CARDS, FEED_HEIGHT
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import read_table
+from transforms.lake import read_lake_table
 from transforms.rekey import Pseudonymizer
 
 PROFILE = {"age_band": "25-29", "gender": "f", "city_tier": "1", "purchase_power": "mid",
@@ -111,7 +111,7 @@ def item_keys(*numbers: int) -> list[str]:
 
 
 def steps_of(lake: Path, pv: str) -> pl.DataFrame:
-    return read_table(lake, "steps").filter(pl.col("session_id") == session_key(pv)).sort("step")
+    return read_lake_table(lake, "steps").filter(pl.col("session_id") == session_key(pv)).sort("step")
 
 
 def test_single_session_record(imported):
@@ -121,7 +121,7 @@ def test_single_session_record(imported):
     # that click is rejected, so the session is cut before it (its `end` is never stitched on)
     assert steps["action"].to_list() == ["scroll_down", "click", "ipv_click_param", "back_home"]
     assert steps["screen"].to_list() == ["feed", "feed", "ipv", "ipv"]
-    session = read_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U1"))
+    session = read_lake_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U1"))
     cut = ("truncated", "click_without_detail_page", 4)
     assert session.select("terminal", "cut_reason", "length").row(0) == cut
     assert steps["visible_items"][0].to_list() == item_keys(1, 2, 3, 4)
@@ -138,7 +138,7 @@ def test_cross_session_record(imported):
     assert steps["action"].to_list() == [
         "scroll_down", "click", "ipv_enter_comment", "ipv_click_comment", "ipv_buy", "end"]  # fmt: skip
     assert steps["review_alias"][3] == "C1" and steps["distance"][0] == 400
-    sessions = read_table(lake, "sessions")
+    sessions = read_lake_table(lake, "sessions")
     assert sessions.filter(pl.col("session_id") == session_key("pv-C2"))["terminal"][0] == "purchase"
     # pv-C2 is whole; pv-U1 and pv-U4 are cut; pv-C1 and pv-U3 are cut at their first row: no steps
     assert sessions["cut_reason"].is_null().sum() == 1 and sessions.height == 3
@@ -148,16 +148,16 @@ def test_cross_session_record(imported):
 def test_a_defective_excursion_cuts_its_session(imported):
     lake, _ = imported
     assert steps_of(lake, "pv-U4")["action"].to_list() == ["scroll_down"]  # not scroll_down, end
-    session = read_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U4"))
+    session = read_lake_table(lake, "sessions").filter(pl.col("session_id") == session_key("pv-U4"))
     assert session.select("terminal", "cut_reason").row(0) == ("truncated", "unpresentable_click")
 
 
 def test_items_prices_and_history(imported):
     lake, _ = imported
-    items = read_table(lake, "items")
+    items = read_lake_table(lake, "items")
     assert items.height == 8  # one catalog entry per item, however many records list it
     assert sorted(items["price"].to_list()) == [101.0 + n for n in range(8)]  # "¥101.00" -> 101.0
-    history = read_table(lake, "history").sort("kind")
+    history = read_lake_table(lake, "history").sort("kind")
     assert history.select("kind", "title").rows() == [("buy", "Canvas tote"), ("click", "Old linen shirt")]
 
 
@@ -229,12 +229,12 @@ def ingest_records(root: Path, records: tuple[dict, ...], settings: IngestSettin
 
 
 def event_rejects(lake: Path) -> list[tuple[str, int]]:
-    rows = read_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table") == "events"))
+    rows = read_lake_table(lake, "quarantine").filter(~pl.col("kept") & (pl.col("table_name") == "events"))
     return sorted(rows.select("reason", "source_row").iter_rows())
 
 
 def session_of(lake: Path, pv: str) -> tuple:
-    sessions = read_table(lake, "sessions").filter(pl.col("session_id") == session_key(pv))
+    sessions = read_lake_table(lake, "sessions").filter(pl.col("session_id") == session_key(pv))
     return sessions.select("terminal", "cut_reason", "length").row(0)
 
 
@@ -279,7 +279,7 @@ def test_a_mistyped_step_is_quarantined_once_at_its_records_line(mistyped):
 def test_drop_session_drops_the_whole_session_of_a_mistyped_step(tmp_path):
     settings = IngestSettings(on_bad_event="drop_session")
     lake, result = ingest_records(tmp_path, MISTYPED_RECORDS[:1], settings)
-    assert read_table(lake, "steps").height == 0 and read_table(lake, "sessions").height == 0
+    assert read_lake_table(lake, "steps").height == 0 and read_lake_table(lake, "sessions").height == 0
     # step 2 under its own reason; the other five steps with the session
     assert event_rejects(lake) == sorted([("schema_mismatch", 0), *[("dropped_with_session", 0)] * 5])
     events = result.counts["events"]

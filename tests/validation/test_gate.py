@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.validation import lakes
-from transforms.lake import Staging, read_table, table_files
+from transforms.lake import Staging, read_lake_table, table_files
 from validation.gate import loss_outcomes, quarantine_stage, run_gate
 from validation.report import GateError, GateSummary
 
@@ -188,17 +188,17 @@ def test_row_level_warnings_route_rows_and_keep_the_identity(tmp_path: Path):
     report = summary.tables["history"]
     assert summary.ok and report.warnings == ["kind_known", "ts_plausible"]
     assert (report.rows_in, report.rows_out, report.quarantined) == (3, 1, 2)
-    moved = read_table(lake, "quarantine").sort("source_row")
+    moved = read_lake_table(lake, "quarantine").sort("source_row")
     assert moved["stage"].to_list() == [quarantine_stage("history")] * 2
     assert moved["reason"].to_list() == ["expectation:kind_known", "expectation:ts_plausible"]
     assert moved["source_file"].to_list() == ["history/part-0.parquet"] * 2
     assert moved["source_row"].to_list() == [1, 2]
     assert json.loads(moved["payload"][0])["kind"] == "view"
-    assert read_table(lake, "history").height == 1
+    assert read_lake_table(lake, "history").height == 1
 
     again = run_gate(lake, ["history"], docs=False)  # on demand: nothing new, nothing lost
     assert (again.tables["history"].rows_in, again.tables["history"].quarantined) == (1, 0)
-    assert read_table(lake, "quarantine").height == 2
+    assert read_lake_table(lake, "quarantine").height == 2
 
     lakes.write_lake(lake, {"history": lakes.history()})  # the stage re-ran with good data
     run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False)
@@ -267,32 +267,32 @@ def test_staged_routing_rewrites_the_staging_folder_then_swaps(tmp_path: Path):
     lake = lakes.write_lake(tmp_path / "lake")
     bad_history = _history_with_two_bad_rows(tmp_path / "bad")
     staged = Staging(lake)
-    lakes.write_lake(staged.open(), {"history": read_table(bad_history, "history")})
+    lakes.write_lake(staged.open(), {"history": read_lake_table(bad_history, "history")})
     summary = run_gate(
         lake, ["history"], stage="ingest", replace_quarantine=True, staged=staged.root, docs=False
     )
     assert summary.tables["history"].quarantined == 2
-    assert read_table(lake, "history").height == lakes.history().height, "the lake waits for the swap"
+    assert read_lake_table(lake, "history").height == lakes.history().height, "the lake waits for the swap"
     staged.commit()
     # 3 staged rows: 1 kept, 2 moved to the gate's quarantine partition
-    assert read_table(lake, "history").height == 1
-    assert read_table(lake, "quarantine")["stage"].to_list() == [quarantine_stage("history")] * 2
+    assert read_lake_table(lake, "history").height == 1
+    assert read_lake_table(lake, "quarantine")["stage"].to_list() == [quarantine_stage("history")] * 2
     assert not staged.root.exists()
 
 
 def test_a_clean_staged_rerun_retires_the_lakes_stale_gate_rejects(tmp_path: Path):
     lake = _history_with_two_bad_rows(tmp_path)
     run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False)
-    assert read_table(lake, "quarantine").height == 2
+    assert read_lake_table(lake, "quarantine").height == 2
     staged = Staging(lake)
     lakes.write_lake(staged.open(), {"history": lakes.history()})
     run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, staged=staged.root, docs=False)
     staged.commit()
-    assert read_table(lake, "quarantine").height == 0
+    assert read_lake_table(lake, "quarantine").height == 0
 
 
 REASONS = pl.DataFrame(
-    {"table": ["events", "events", "events", "feeds"], "reason": ["a", "b", "c", "a"], "rows": [6, 3, 1, 2]}
+    {"table_name": ["events", "events", "events", "feeds"], "reason": ["a", "b", "c", "a"], "rows": [6, 3, 1, 2]}
 )
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.validation.torture import FAULTS, Fault
 from transforms.ingest import OUTPUT_OF, ingest_bundle
-from transforms.lake import read_table, table_files
+from transforms.lake import read_lake_table, table_files
 from validation.gate import loss_outcomes, lost_reasons, run_gate
 
 #: Ingest's reason codes (the foundation's list, plus the specific ones the readers and
@@ -53,8 +53,8 @@ INGEST_REASONS = {
 
 
 def _quarantine(lake: Path) -> tuple[Counter, Counter]:
-    rows = read_table(lake, "quarantine").filter(pl.col("stage") == "ingest")
-    pairs = rows.select("table", "reason", "kept").iter_rows()
+    rows = read_lake_table(lake, "quarantine").filter(pl.col("stage") == "ingest")
+    pairs = rows.select("table_name", "reason", "kept").iter_rows()
     rejected, flagged = Counter(), Counter()
     for table, reason, kept in pairs:
         (flagged if kept else rejected)[(table, reason)] += 1
@@ -95,7 +95,7 @@ def test_fault(fault: Fault, tmp_path: Path):
     assert {t: c.duplicates for t, c in result.counts.items() if c.duplicates} == fault.duplicates
     for table, c in result.counts.items():  # never silent loss
         assert c.rows_in == c.rows_out + c.quarantined + c.duplicates + c.dropped, table
-    assert read_table(lake, "steps").height == fault.steps
+    assert read_lake_table(lake, "steps").height == fault.steps
     if fault.check:
         fault.check(lake)
 

@@ -331,18 +331,18 @@ def _u3_extra_click(root: Path) -> None:
 
 def _title_is(title: str) -> Callable[[Path], None]:
     def check(lake: Path) -> None:
-        from transforms.lake import read_table
+        from transforms.lake import read_lake_table
 
-        titles = read_table(lake, "items", ["title"])["title"].to_list()
+        titles = read_lake_table(lake, "items", ["title"])["title"].to_list()
         assert title in titles, "the title must reach the lake unchanged"
 
     return check
 
 
 def _ts_as_clean(lake: Path) -> None:
-    from transforms.lake import read_table
+    from transforms.lake import read_lake_table
 
-    ts = sorted(read_table(lake, "steps", ["ts"])["ts"].to_list())
+    ts = sorted(read_lake_table(lake, "steps", ["ts"])["ts"].to_list())
     assert ts == sorted(e["ts"] for e in clean_bundle()["events"]), "timestamps must equal the clean ones"
 
 

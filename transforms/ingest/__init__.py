@@ -1,0 +1,40 @@
+"""Ingest: a raw log bundle becomes the lake tables steps, sessions, feed_layouts,
+items, profiles, history and the ingest part of quarantine.
+
+Two passes, so memory is bounded by a part, not by the bundle:
+
+1. *read* (``parts``): the raw part files are read and typed in two threads, in chunks (a big
+   Parquet file about a row group at a time, small ones several at a time), rejects collected.
+   ``events`` and ``feeds`` rows are split into parts by a hash of ``page_view_id``, kept in
+   memory up to ``memory_rows`` and otherwise spilled under
+   ``LAKE/.staging/spill-<token>/<table>/part=<p>/``. Beyond ``memory_rows``, feeds whose files
+   are all Parquet with each view's cards together (the usual layout) are not spilled: a view
+   belongs to the part its first card falls in, only ``page_view_id`` is read here, and pass 2
+   reads each part's feed rows in place, in order (``feeds_in_place``); the events are spilled by
+   that map. ``items`` that make one chunk stay in memory, their ids and image refs keyed in
+   the writer thread meanwhile; items that make several are left to pass 2, which reads them
+   once (their text is too large to keep or spill), after a read of their id column alone for
+   the duplicate check. Profiles and history stay in memory.
+2. *align*: items are checked and written chunk by chunk, leaving a compact item index (ids
+   sorted by hash, pseudonyms, what the checks need: ``item_index``); then, part by part, the
+   checks and the step alignment of ``transforms.align`` run on the part's page views
+   (``alignment``, pure), and its rows are pseudonymized (``keying``) and added to the staged
+   tables as ``part-<p>.parquet`` files (``run``).
+
+Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (2,000,000: three
+parts at UserArena scale, kept in memory; one for small bundles).
+
+Whatever a check compares lies within one page view, hence within one part, except ids:
+duplicate event and item ids are found from a hash of the id kept for every row, and the
+few rows involved are settled together (``duplicate_ids``); missing-profile flags are kept once
+per user. Two parts align at once (``run.ALIGN_THREADS``: Polars runs many small steps on one
+core, so one part at a time leaves the other idle); their pseudonyms and Parquet writes run in
+one writer thread (``writer``), in part order. Tables are swapped into place at the end, one
+atomic rename each; a failure leaves the previous lake and no staging or spill behind. What is
+counted, and the balance it must strike, is in ``accounting``.
+"""
+
+from transforms.ingest.accounting import OUTPUT_OF, AccountingError, IngestResult, TableCount
+from transforms.ingest.run import ingest_bundle
+
+__all__ = ["OUTPUT_OF", "AccountingError", "IngestResult", "TableCount", "ingest_bundle"]

@@ -1,0 +1,201 @@
+"""The I/O runner: the staged tables, the context the parts share, the parts aligned two at a time and
+written in order, the accounting, and the commit (or nothing left behind)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+
+from transforms import align
+from transforms.config import IngestSettings
+from transforms.ingest.accounting import IngestResult, Totals, count_rows, ingest_quarantine, profile_flags
+from transforms.ingest.alignment import Context, Part, align_part, checked_history
+from transforms.ingest.duplicate_ids import settle
+from transforms.ingest.item_index import items_pass
+from transforms.ingest.keying import history_rows, key_part, profile_rows, user_assignment
+from transforms.ingest.parts import Raw, from_tables, read_pass
+from transforms.ingest.writer import Writer
+from transforms.lake import STAGING, StagedTable, write_quarantine
+from transforms.readers import check_bundle
+from transforms.rekey import Pseudonymizer
+from transforms.userarena import read_userarena
+
+ALIGN_THREADS = 2  # parts aligned at once
+
+
+WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
+
+
+def write_keyed_part(
+    part: Part, ctx: Context, pseudonymize: Pseudonymizer, run: StagedRun, number: int
+) -> None:
+    for name, frame in key_part(part, ctx, pseudonymize).items():
+        run.tables[name].add(frame, number)
+
+
+class StagedRun:
+    """The staged lake tables, the spill and the writer thread of one ingest: the tables are
+    committed together, or all of it is discarded."""
+
+    def __init__(self, lake: Path, zstd_level: int) -> None:
+        self.lake, self.zstd_level = lake, zstd_level
+        self.spill = lake / STAGING / f"spill-{uuid.uuid4().hex[:8]}"
+        self.tables = {name: StagedTable(lake, name, zstd_level=zstd_level) for name in WRITE_ORDER}
+        self.writer = Writer()
+
+    def write(self, name: str, frame: pl.DataFrame, part: int = 0) -> None:
+        """Add ``frame`` to the staged table ``name`` in the writer thread."""
+        self.writer.submit(self.tables[name].add, frame, part)
+
+    def commit(self, quarantine: pl.DataFrame) -> dict[str, str]:
+        self.writer.wait()
+        paths = {name: str(self.tables[name].commit()) for name in WRITE_ORDER}
+        paths["quarantine"] = str(
+            write_quarantine(self.lake, "ingest", quarantine, zstd_level=self.zstd_level)
+        )
+        return paths
+
+    def discard(self) -> None:
+        self.writer.close()
+        for staged in self.tables.values():
+            staged.discard()
+        shutil.rmtree(self.spill, ignore_errors=True)
+
+
+def _silent(phase: str) -> None:
+    return None
+
+
+def read_source(
+    raw: str | Path, source_format: str, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun
+) -> tuple[Raw, dict[str, int]]:
+    if source_format == "userarena":
+        tables, notes, cuts = read_userarena(
+            raw,
+            settings.timestamp_unit,
+            pseudonymize,
+            on_bad_event=settings.on_bad_event,
+            card_height=settings.geometry.default_card_height,
+            action_map=settings.action_map,
+        )
+        source = from_tables(tables, settings, run)
+        source.cuts = cuts
+        return source, notes
+    if source_format == "bundle":
+        return read_pass(check_bundle(raw), settings, pseudonymize, run), {}
+    raise ValueError(f"unknown source format {source_format!r}: expected bundle or userarena")
+
+
+def shared_context(
+    source: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun, totals: Totals
+) -> Context:
+    """Everything the parts share: users' pseudonyms and splits (profiles and history written),
+    the item index (items written), duplicate event ids settled. Small writes are queued first, so the
+    writer thread's longer jobs (writing the items) never hold this thread up."""
+    profiles = align.check_profiles(source.table("profiles"), pseudonymize)
+    history = checked_history(source.table("history"), pseudonymize)
+    users = user_assignment(
+        pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings
+    )
+    run.write("profiles", profile_rows(profiles.rows, users, pseudonymize))
+    run.write("history", history_rows(history.rows, pseudonymize, settings))
+    item_index, rejects, totals.duplicates["items"] = items_pass(source, settings, pseudonymize, run)
+    events = settle(
+        source.id_hashes["events"],
+        lambda: [
+            align.map_actions(source.spill.read("events", p, release=False), settings.action_map)
+            for p in range(source.parts)
+        ],
+        "event_id",
+        lambda rows: align.dedupe_events(rows, pseudonymize),
+    )
+    totals.rejects += [*rejects, *profiles.rejects, *history.rejects, *events.rejects]
+    totals.duplicates["profiles"], totals.duplicates["events"] = profiles.duplicates, events.duplicates
+    max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
+    profile_context = align.profile_context(profiles.rows)
+    return Context(settings, item_index, profile_context, users, max_ts, events, source.cuts)
+
+
+def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals) -> None:
+    """Pass 2: ``ALIGN_THREADS`` parts align at once; their outputs are keyed and written in part
+    order while the next ones align."""
+
+    def aligned(p: int) -> tuple[Part, Pseudonymizer]:
+        keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
+        events, feeds = source.spill.read("events", p), source.feeds(p)
+        return align_part(events, feeds, ctx, keys, source.marks(p)), keys
+
+    with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
+        running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
+        for p in range(source.parts):
+            part, keys = running.popleft().result()
+            if p + ALIGN_THREADS < source.parts:
+                running.append(pool.submit(aligned, p + ALIGN_THREADS))
+            totals.rejects += part.rejects
+            totals.flags += part.flags
+            totals.no_profile.append(part.no_profile)
+            totals.duplicates["feeds"] += part.feed_duplicates
+            totals.dropped["events"] += part.dropped_events
+            run.writer.submit(write_keyed_part, part, ctx, keys, run, p)
+
+
+def ingest_bundle(
+    raw: str | Path,
+    lake: str | Path,
+    settings: IngestSettings | None = None,
+    progress: Callable[[str], None] = _silent,
+    source_format: str = "bundle",
+    staging: str | Path | None = None,
+) -> IngestResult:
+    """Read ``raw``, align, and (re)write the lake tables atomically. Idempotent.
+
+    ``source_format`` is ``bundle`` (a raw log bundle folder) or ``userarena``
+    (release JSONL). ``progress`` is called with the name of each phase as it starts.
+    ``staging``: a lake-shaped folder (``transforms.lake.Staging``) that receives the tables
+    instead of the lake, so they can be validated before they replace the lake's; the
+    reported paths are still the lake's.
+    """
+    started = time.perf_counter()
+    settings = settings or IngestSettings()
+    pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
+    out = Path(staging) if staging is not None else Path(lake)
+    run, totals = StagedRun(out, settings.zstd_level), Totals()
+    try:
+        progress("read")
+        source, notes = read_source(raw, source_format, settings, pseudonymize, run)
+        progress("items")
+        ctx = shared_context(source, settings, pseudonymize, run, totals)
+        progress("align")
+        align_parts(source, ctx, run, totals)
+        progress("write")
+        totals.flags.append(profile_flags(totals.no_profile, pseudonymize))
+        quarantine = ingest_quarantine([*source.rejects, *totals.rejects], totals.flags)
+        run.writer.wait()
+        output_rows = {name: run.tables[name].rows for name in WRITE_ORDER}
+        counts = count_rows(source.reads, output_rows, quarantine, totals.duplicates, totals.dropped)
+        paths = run.commit(quarantine)
+    finally:
+        run.discard()
+    reasons = quarantine.group_by("kept", "reason").len().sort("reason")
+    return IngestResult(
+        lake=str(lake),
+        raw=str(raw),
+        counts=counts,
+        quarantine_by_reason={r: n for k, r, n in reasons.iter_rows() if not k},
+        flagged_by_reason={r: n for k, r, n in reasons.iter_rows() if k},
+        output_rows=output_rows,
+        paths={name: str(Path(lake) / Path(path).relative_to(out)) for name, path in paths.items()},
+        naive_timestamps=sum(t.naive_timestamps for t in source.reads.values()),
+        notes=notes,
+        wall_seconds=round(time.perf_counter() - started, 3),
+        settings=json.loads(settings.model_dump_json(exclude={"rekey_key"})),
+    )
