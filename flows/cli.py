@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.interrupt import InterruptibleGroup
-from flows.settings import load_settings
+from flows.settings import load_settings, toml_section
 from flows.summary import print_ingest_summary, progress_bar
 from transforms.config import IngestSettings
 
@@ -274,13 +274,6 @@ def run(
         f"[bold]evaluation report:[/bold] {evaluation['html']}   [bold]figures:[/bold] {evaluation['json']}"
     )
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
-
-
-def toml_section(config: Path | None, section: str) -> dict:
-    """``[section]`` of the TOML file ``config`` (empty without one)."""
-    import tomllib
-
-    return tomllib.loads(config.read_text()).get(section, {}) if config else {}
 
 
 @app.command()

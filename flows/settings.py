@@ -19,6 +19,11 @@ def load_settings(model: type[Settings], section: str, config: Path | None, /, *
     """``model`` from ``[section]`` of the TOML file ``config`` (if given), with the flags that were
     set (not None) on top; a pydantic-settings model adds its environment variables under both.
     The first three are positional only: a flag may be called ``model`` (the extract model)."""
-    values = tomllib.loads(config.read_text()).get(section, {}) if config else {}
+    values = toml_section(config, section)
     values.update({k: v for k, v in flags.items() if v is not None})
     return model(**values)
+
+
+def toml_section(config: Path | None, section: str) -> dict:
+    """``[section]`` of the TOML file ``config`` (empty without one)."""
+    return tomllib.loads(config.read_text()).get(section, {}) if config else {}
