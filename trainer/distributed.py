@@ -95,7 +95,9 @@ def wrap(body: nn.Module, world: World, strategy: Strategy, device: torch.device
         return body
     if strategy == "ddp":
         ids = [device.index] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(body, device_ids=ids)
+        # No buffer broadcast at each forward: it is a collective, and ranks of an uneven update run
+        # different numbers of forwards (a deadlock). The buffers (rotary frequencies) are built, not learnt.
+        return nn.parallel.DistributedDataParallel(body, device_ids=ids, broadcast_buffers=False)
     return shard_fully(body)
 
 
