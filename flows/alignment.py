@@ -52,13 +52,22 @@ def source_alignment(world: WorldSimulator, slates: pl.DataFrame, path: str | Pa
     return decision_alignment(side, acceptable_shown(world, slates, side.sessions["session_id"]))
 
 
-def alignment_report(lake: str | Path, traces: Mapping[str, str | Path]) -> dict[str, Any]:
-    """Per source (``real`` and each simulator spec, each mapped to its rollout trace file), its decision
-    alignment, with what acceptable and shown mean; only the reason for a lake without a world."""
+def alignment_report(
+    lake: str | Path, real: str | Path, simulators: Mapping[str, str | Path]
+) -> dict[str, Any]:
+    """Decision alignment of the real rollout traces and of each simulator's (spec -> trace file).
+
+    ``reference`` says what acceptable and shown mean and holds the real sessions' figures (the world's
+    own shoppers: the reference row), or for a lake without a world only why there are none;
+    ``simulators`` holds each spec's figures under their name, to join its other figures (none without
+    a world)."""
     try:
         world = world_from_lake(lake)
     except NoWorldError as err:
-        return {"unavailable": str(err)}
+        return {"reference": {"unavailable": str(err)}, "simulators": {}}
     slates = feed_slates(lake)
-    figures = {source: rounded(source_alignment(world, slates, path)) for source, path in traces.items()}
-    return {"acceptable": ACCEPTABLE, "shown": SHOWN, "sources": figures}
+    figures = lambda path: rounded(source_alignment(world, slates, path))  # noqa: E731
+    return {
+        "reference": {"acceptable": ACCEPTABLE, "shown": SHOWN, "real": figures(real)},
+        "simulators": {spec: {"decision_alignment": figures(path)} for spec, path in simulators.items()},
+    }
