@@ -3,9 +3,11 @@
 of the paper's Table 2 and Table 3).
 
 The report holds, per simulator, exactly the figures ``trajforge score`` prints plus the A/B effect
-(``EFFECT_KEYS``, null where no effect was estimated). The plots are drawn from the trace files
-themselves: action mix, session lengths and decision mix per source; the funnel and cohort fidelity
-come from the scored figures.
+(``EFFECT_KEYS``, null where no effect was estimated) and, on a lake generated from a world, its
+decision alignment (``decision_alignment``; the real sessions' row and what its terms mean sit under
+the report's own ``decision_alignment``, or the reason a lake has none). The plots are drawn from the
+trace files themselves: action mix, session lengths and decision mix per source; the funnel, cohort
+fidelity and decision alignment come from the scored figures.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ FUNNEL_STAGES = (
     ("buy_share", "bought"),
 )
 REAL = "real"
+#: decision alignment (SalesSim): (figure, what it is the share of)
+ALIGNMENT: tuple[tuple[str, str], ...] = (
+    ("decision_alignment", "all sessions"),
+    ("purchase_alignment", "sessions with a purchase"),
+    ("no_purchase_alignment", "sessions without"),
+)
 LONGEST_SHOWN = 45  # session lengths above this are drawn in the last bin
 
 
@@ -242,6 +250,21 @@ def effect_figure(simulators: Mapping[str, Mapping[str, Any]]) -> str | None:
     return png(figure)
 
 
+def alignment_sources(report: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Decision alignment per source, the real sessions first; empty for a lake without a world."""
+    reference = report.get("decision_alignment") or {}
+    if "real" not in reference:
+        return {}
+    simulators = report["simulators"].items()
+    return {REAL: reference["real"], **{spec: f["decision_alignment"] for spec, f in simulators}}
+
+
+def alignment_figure(sources: Mapping[str, Mapping[str, Any]]) -> str:
+    shares = {source: np.array([f[key] for key, _ in ALIGNMENT]) for source, f in sources.items()}
+    labels = [f"{key.replace('_', ' ')}\n({what})" for key, what in ALIGNMENT]
+    return grouped_bars(labels, shares, title="Decision alignment (SalesSim)", ylabel="share aligned")
+
+
 # --- tables -------------------------------------------------------------------------------------
 
 
@@ -295,6 +318,32 @@ def table3_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
     return _html_table(head, table3_rows(simulators))
 
 
+def alignment_html(report: Mapping[str, Any]) -> str:
+    """The decision alignment table with what its terms mean, or why the lake has none."""
+    reference = report.get("decision_alignment") or {}
+    sources = alignment_sources(report)
+    if not sources:
+        reason = reference.get("unavailable", "no decision alignment was computed")
+        return f'<p class="note">No decision alignment: {html.escape(reason)}</p>'
+    head = ["source", *(f"{key.replace('_', ' ')} {HIGHER}" for key, _ in ALIGNMENT)]
+    head += ["sessions with a purchase", "sessions without"]
+    rows = [
+        [
+            source,
+            *(figure_text(key, f[key]) for key, _ in ALIGNMENT),
+            str(f["purchase_sessions"]),
+            str(f["no_purchase_sessions"]),
+        ]
+        for source, f in sources.items()
+    ]
+    note = (
+        f"A purchase (a cart or a buy) is aligned when the item is acceptable, a session without one when "
+        f"nothing acceptable was shown; {reference['acceptable']}; shown: {reference['shown']}. The real "
+        "sessions are the world's own shoppers: the row to reach."
+    )
+    return _html_table(head, rows) + f'<p class="note">{html.escape(note)}</p>'
+
+
 STYLE = """
 body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
@@ -328,7 +377,11 @@ def render_html(report: Mapping[str, Any], dists: Mapping[str, Distributions]) -
         table2_html(simulators),
         "<h2>A/B effect fidelity (Table 3)</h2>",
         table3_html(simulators),
+        "<h2>Decision alignment (SalesSim)</h2>",
+        alignment_html(report),
     ]
+    if aligned := alignment_sources(report):
+        sections.append(("Decision alignment", alignment_figure(aligned)))
     for title, image in sections:
         parts += [f"<h2>{title}</h2>", f'<img alt="{title}" src="data:image/png;base64,{image}">']
     parts.append("<h2>A/B effect ratio</h2>")

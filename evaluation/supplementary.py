@@ -19,6 +19,7 @@ from evaluation.metrics import Side, counts_over, jsd, rate, step_counts
 from transforms.schemas import ACTIONS
 
 CATEGORY_LEVELS = 3  # category paths are "L1-L2-L3"
+PURCHASE_ACTIONS = ("ipv_cart", "ipv_buy")  # taking the item of the page
 
 
 def action_jsd(real_steps: pl.DataFrame, sim_steps: pl.DataFrame) -> float:
@@ -97,21 +98,23 @@ def hierarchical_category_overlap(real: Side, sim: Side) -> dict[str, float]:
     return {"HCO": 100 * overlap, "CP": 100 * precision, "CR": 100 * recall}
 
 
-def decision_alignment(sim: Side, acceptable_shown: pl.DataFrame) -> dict[str, float]:
+def decision_alignment(sim: Side, acceptable_shown: pl.DataFrame) -> dict[str, float | int]:
     """SalesSim decision alignment against the shopper's ground-truth utility.
 
     ``acceptable_shown`` lists (session_id, item_id) for every item shown in a session that the shopper's
-    utility finds acceptable (the world knows it; traces do not). A session with purchases is aligned
-    when every bought item is acceptable; a session without one is aligned when nothing acceptable was
-    shown. Returns the aligned share overall and on each kind of session.
+    utility finds acceptable (the world knows it; traces do not). A purchase is taking an item on its
+    page, ``ipv_cart`` or ``ipv_buy`` (SalesSim's accepting action is add_to_cart). A session with
+    purchases is aligned when every item it took is acceptable; a session without one is aligned when
+    nothing acceptable was shown. Returns the aligned share overall and on each kind of session, and how
+    many of each kind there were (a share of no sessions is 0).
     """
     visit_item = pl.col("target_item_id").drop_nulls().first().over("visit")
     acceptable = (
         acceptable_shown.select("session_id", "item_id").unique().with_columns(acceptable=pl.lit(True))
     )
-    bought = (
+    purchases = (
         sim.steps.with_columns(pl.coalesce(pl.col("target_item_id"), visit_item).alias("item_id"))
-        .filter(pl.col("action") == "ipv_buy")
+        .filter(pl.col("action").is_in(PURCHASE_ACTIONS))
         .select("session_id", "item_id")
         .join(acceptable, on=["session_id", "item_id"], how="left")
         .group_by("session_id")
@@ -120,15 +123,17 @@ def decision_alignment(sim: Side, acceptable_shown: pl.DataFrame) -> dict[str, f
     shown_any = acceptable.select("session_id").unique().with_columns(shown=pl.lit(True))
     idle = (
         sim.sessions.select("session_id")
-        .join(bought, on="session_id", how="anti")
+        .join(purchases, on="session_id", how="anti")
         .join(shown_any, on="session_id", how="left")
         .select("session_id", pl.col("shown").is_null().alias("aligned"))
     )
-    aligned_buys, aligned_idle = float(bought["aligned"].sum()), float(idle["aligned"].sum())
+    aligned_purchases, aligned_idle = float(purchases["aligned"].sum()), float(idle["aligned"].sum())
     return {
-        "decision_alignment": rate(aligned_buys + aligned_idle, bought.height + idle.height),
-        "purchase_alignment": rate(aligned_buys, bought.height),
+        "decision_alignment": rate(aligned_purchases + aligned_idle, purchases.height + idle.height),
+        "purchase_alignment": rate(aligned_purchases, purchases.height),
         "no_purchase_alignment": rate(aligned_idle, idle.height),
+        "purchase_sessions": purchases.height,
+        "no_purchase_sessions": idle.height,
     }
 
 

@@ -23,6 +23,7 @@ from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
 from evaluation.report import EFFECT_KEYS, comparison_markdown, write_report
 from evaluation.simulators import LAKE_SIMULATORS, Sampling, StateSimulator, simulator_for_lake
+from flows.alignment import alignment_report
 from flows.ingest import world_path
 from flows.records import with_lake_geometry
 from flows.score import export_real_traces, score_files
@@ -119,6 +120,11 @@ def estimate_effect(lake: str, spec: str, split: str, users: int | None) -> dict
     return world_effect(lake, spec, split, users)
 
 
+@task(name="align-decisions", cache_policy=NO_CACHE)
+def align_decisions(lake: str, real: str, simulators: dict[str, str]) -> dict[str, Any]:
+    return alignment_report(lake, real, simulators)
+
+
 @task(name="write-report", cache_policy=NO_CACHE)
 def report(out: str, content: dict[str, Any], traces: dict[str, str]) -> dict[str, str]:
     paths = write_report(out, content, traces)
@@ -142,22 +148,31 @@ def evaluate_flow(
     effect: bool = True,
     effect_users: int | None = None,
 ) -> dict[str, Any]:
-    """Every simulator against the real sessions of ``split``: traces, report.json, report.html; with
-    ``effect``, on a lake generated from a world, each simulator's A/B effect fidelity over the first
-    ``effect_users`` held-out users (all by default)."""
+    """Every simulator against the real sessions of ``split``: traces, report.json, report.html; on a
+    lake generated from a world, each simulator's decision alignment and, with ``effect``, its A/B effect
+    fidelity over the first ``effect_users`` held-out users (all by default)."""
     chosen = evaluated_ids(lake, split, sessions)
     real = real_traces(lake, out, split, chosen)
-    written, scored = {}, {}
+    written, figures, effects = {}, {}, {}
     for spec in simulators:
         written[spec] = simulate(lake, spec, out, chosen, sampling or {}, batch_size)
-        figures = score_simulator(real["path"], written[spec])
-        effects = estimate_effect(lake, spec, split, effect_users) if effect else no_effect(lake, spec, out)
-        scored[spec] = {**figures, **effects}
+        figures[spec] = score_simulator(real["path"], written[spec])
+        effects[spec] = (
+            estimate_effect(lake, spec, split, effect_users) if effect else no_effect(lake, spec, out)
+        )
+    alignment = align_decisions(
+        lake, real["path"], {spec: w["rollout"]["path"] for spec, w in written.items()}
+    )
+    scored = {
+        spec: {**figures[spec], **alignment["simulators"].get(spec, {}), **effects[spec]}
+        for spec in simulators
+    }
     content = {
         "lake": lake,
         "split": split,
         "real": {key: real[key] for key in ("path", "sessions", "cut_sessions_left_out")},
         "simulators": scored,
+        "decision_alignment": alignment["reference"],
         "traces": {
             spec: {kind: w[kind]["path"] for kind in ("rollout", "replay") if w[kind]}
             for spec, w in written.items()

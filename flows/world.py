@@ -52,6 +52,9 @@ ARMS = ("baseline", "treatment")  # policy A, policy B
 #: the page columns of a ShopperState row on the feed
 ON_FEED = dict.fromkeys(("page", "page_max", "ui", "pic", "tappable_reviews"), 0) | {"item": -1}
 ON_FEED |= dict.fromkeys(("carted", "bought", "param_seen", "comments_seen"), False)
+OTHER_KEY = (
+    "the lake was keyed with another rekey key than this one (set TRAJFORGE_REKEY_KEY as for its ingest)"
+)
 
 
 class NoWorldError(ValueError):
@@ -118,6 +121,26 @@ class WorldSimulator:
         index = {session: k for k, session in enumerate(sessions)}
         self._known.append(_Known(StepwiseShoppers(self.world, run, self.stepwise_seed), index))
         self._session_run.update(dict.fromkeys(sessions, len(self._known) - 1))
+
+    def acceptable(self, shown: pl.DataFrame) -> pl.DataFrame:
+        """The rows of ``shown`` (``session_id``, ``item_id``: lake pseudonyms) whose item the session's
+        shopper would accept (``StepwiseShoppers.accepts``: the world's own page policy, with the appeal
+        the session's feed gives the card); an item off the session's feed is not acceptable."""
+        runs = shown["session_id"].replace_strict(self._session_run, default=None, return_dtype=pl.Int64)
+        if runs.null_count():
+            unknown = shown["session_id"].filter(runs.is_null())[0]
+            raise ValueError(
+                f"{runs.null_count()} rows are of sessions not the world's (e.g. {unknown}): {OTHER_KEY}"
+            )
+        item_index = shown["item_id"].replace_strict(self._item_index, default=-1, return_dtype=pl.Int64)
+        items = item_index.to_numpy()
+        accepted = np.zeros(shown.height, bool)
+        for k in runs.unique().to_list():
+            rows = (runs == k).to_numpy()
+            known = self._known[k]
+            sessions = shown["session_id"].filter(rows).replace_strict(known.session_index).to_numpy()
+            accepted[rows] = known.shoppers.accepts(sessions, items[rows][:, None])[:, 0]
+        return shown.filter(pl.Series(accepted))
 
     def act(self, prompts: Sequence[Messages]) -> list[str]:
         raise TypeError("the world's shoppers act on the environment's state (act_on), not on prompt text")
@@ -241,8 +264,7 @@ def policy_arm(world: WorldSimulator, name: str, policy: str, users: Sequence[st
     missing = [u for u in users if u not in index]
     if missing:
         raise ValueError(
-            f"{len(missing)} users are not the world's shoppers (e.g. {missing[0]}): the lake was keyed "
-            "with another rekey key than this one (set TRAJFORGE_REKEY_KEY as for its ingest)"
+            f"{len(missing)} users are not the world's shoppers (e.g. {missing[0]}): {OTHER_KEY}"
         )
     chosen = np.array(sorted(index[u] for u in users))
     bundle = world.world.bundle(run)

@@ -292,12 +292,16 @@ class PageChoice:
         return IPV_CODES[self.choice]
 
 
-def choose_on_page(
-    rng: np.random.Generator, view: PageView, traits: SessionTraits, winding: np.ndarray,
-    p: BehaviourParams, geo: Geometry,
-) -> PageChoice:
-    """One detail-page action per session (weights of the module docstring, then one draw)."""
-    page, j, n = view.page, view.visit_step, len(view.page)
+def visit_interest(appeal: np.ndarray, p: BehaviourParams) -> np.ndarray:
+    """How much an opened card interests the shopper on its page, in (0, 1), from its appeal."""
+    return sigmoid(p.interest_scale * appeal - 1.0)
+
+
+def page_weights(
+    view: PageView, traits: SessionTraits, winding: np.ndarray, p: BehaviourParams
+) -> np.ndarray:
+    """The unnormalised weight of each of ``IPV_CHOICES`` per session (the module docstring's)."""
+    page, j = view.page, view.visit_step
     carted, bought = view.carted, view.bought
     review, purchase = traits.review, traits.purchase * view.interest
     # Paying above one's usual level for the category puts buying off, in proportion to price sensitivity.
@@ -315,7 +319,36 @@ def choose_on_page(
         p.back_home * (1 + p.back_home_growth * j) * (1 + p.back_home_after_cart * (carted | bought))
         * np.where(winding, p.last_back_home, 1.0),
     ], axis=1)
-    choice = _categorical(rng, weights)
+    return weights
+
+
+def accepts_on_visit(
+    interest: np.ndarray, price: np.ndarray, category_price: np.ndarray, traits: SessionTraits,
+    p: BehaviourParams,
+) -> np.ndarray:
+    """Whether each shopper would accept the item: opening its page afresh (the visit's first action,
+    nothing carted, not winding down), the page policy weighs taking it (``ipv_cart`` + ``ipv_buy``)
+    at least as much as leaving it (``back_home``). One row per (shopper, item); ``interest`` is
+    ``visit_interest`` of the card's appeal."""
+    n = len(interest)
+    zero, none = np.zeros(n, np.int32), np.zeros(n, bool)
+    fresh = PageView(
+        page=zero, page_max=zero, ui=zero, pic=zero, n_pics=zero + 1, n_reviews=zero, tappable_reviews=zero,
+        price=price, category_price=category_price, visit_step=zero, interest=interest, carted=none,
+        bought=none, param_seen=none, comments_seen=none,
+    )
+    weights = page_weights(fresh, traits, none, p)
+    take = weights[:, IPV_CHOICES.index("ipv_cart")] + weights[:, IPV_CHOICES.index("ipv_buy")]
+    return take >= weights[:, IPV_CHOICES.index("back_home")]
+
+
+def choose_on_page(
+    rng: np.random.Generator, view: PageView, traits: SessionTraits, winding: np.ndarray,
+    p: BehaviourParams, geo: Geometry,
+) -> PageChoice:
+    """One detail-page action per session (weights of the module docstring, then one draw)."""
+    page, n = view.page, len(view.page)
+    choice = _categorical(rng, page_weights(view, traits, winding, p))
     dist = np.clip(np.rint(p.ipv_scroll_px * rng.lognormal(0, p.scroll_sigma, n)), 40,
                    geo.max_ipv_scroll).astype(np.int32)
     dist = np.where(choice == 0, np.minimum(dist, view.page_max - page), np.minimum(dist, page))
@@ -385,7 +418,7 @@ class _Simulation:
         st.clicked[c, card] = True
         st.screen[c] = 1
         st.item[c] = item
-        st.interest[c] = sigmoid(self.p.interest_scale * appeal - 1.0)
+        st.interest[c] = visit_interest(appeal, self.p)
         st.page_max[c] = self.cat.page_height[item] - self.geometry.ipv_viewport
         for counter in (st.page, st.ui, st.pic, st.visit_step):
             counter[c] = 0

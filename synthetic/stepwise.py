@@ -28,9 +28,10 @@ from synthetic.behaviour import (
     FeedView,
     KeyedDraws,
     PageView,
+    accepts_on_visit,
     choose_on_feed,
     choose_on_page,
-    sigmoid,
+    visit_interest,
 )
 from synthetic.world import Run, World
 
@@ -95,6 +96,21 @@ class StepwiseShoppers:
         found = (items >= 0) & (self._card_keys[at] == keys)
         return np.where(found, self._card_columns[at], -1)
 
+    def accepts(self, session: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Whether each session's shopper would accept each of its ``items`` (rows of catalog indices)
+        by ``behaviour.accepts_on_visit``, with the appeal its feed gives the card; False for -1 and for
+        an item its feed does not show (the shopper's utility of it is unknown)."""
+        column = self.columns(session, items)
+        found = column >= 0
+        rows = np.broadcast_to(session[:, None], items.shape)[found]
+        item, cat, params = items[found], self.world.catalog, self.world.params
+        interest = visit_interest(self.run.feeds.appeal[rows, column[found]].astype(np.float64), params)
+        accepted = np.zeros(items.shape, bool)
+        accepted[found] = accepts_on_visit(
+            interest, cat.price[item], tx.L1_PRICE[cat.l1[item]], self.run.traits.take(rows), params
+        )
+        return accepted
+
     def decide(self, state: ShopperState) -> Decision:
         """The next action of every session of ``state``: ``end`` on its budget's last action, else
         the feed or page policy."""
@@ -146,7 +162,7 @@ class StepwiseShoppers:
             category_price=tx.L1_PRICE[cat.l1[item]],
             visit_step=state.visit_step[rows],
             # the generator's interest in the card it opened; an item off the feed interests little
-            interest=sigmoid(self.world.params.interest_scale * opened_appeal - 1.0),
+            interest=visit_interest(opened_appeal, self.world.params),
             carted=state.carted[rows],
             bought=state.bought[rows],
             param_seen=state.param_seen[rows],

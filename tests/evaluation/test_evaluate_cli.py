@@ -14,12 +14,15 @@ from flows.cli import app
 from synthetic.bundle import write_bundle
 from tests.evaluation.test_environment import session
 from tests.evaluation.tiny_model import save_tiny_llama
+from tests.flows.worlds import generated_lake
 from transforms.ingest import ingest_bundle
 
 runner = CliRunner()
 HEADLINE = ["RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD"]
 SUPPLEMENTARY = ["action_JSD", "funnel", "RecVerse", "HCO", "cohorts", "replay_unscored", "counts"]
 EFFECT = ["effect_ratio", "effect_error", "effect_ci"]
+ALIGNMENT = ["decision_alignment", "purchase_alignment", "no_purchase_alignment", "purchase_sessions",
+             "no_purchase_sessions"]  # fmt: skip
 SESSIONS = 6
 
 
@@ -31,9 +34,9 @@ def lake(tmp_path_factory):
     return root / "lake"
 
 
-def evaluate(lake, out, *specs):
+def evaluate(lake, out, *specs, extra=()):
     args = ["evaluate", "--lake", str(lake), "--out", str(out), "--sessions", str(SESSIONS)]
-    args += ["--max-new-tokens", "4"]
+    args += ["--max-new-tokens", "4", *extra]
     for spec in specs:
         args += ["--simulator", spec]
     return runner.invoke(app, args)
@@ -64,6 +67,29 @@ def test_evaluate_writes_traces_report_json_and_html(prefect_harness, lake, tmp_
     assert images == ["Action mix", "Session lengths", "Decision mix", "Funnel", "Cohort fidelity"]
     assert "Comparison (Table 2)" in page and "DM-JSD ↓" in page and "PF ↑" in page
     assert "No simulator has an A/B effect estimate" in page
+    # a lake of real logs has no ground-truth shoppers: no alignment figures, and the reason instead
+    assert list(report["decision_alignment"]) == ["unavailable"]
+    assert "has no world" in report["decision_alignment"]["unavailable"]
+    assert "No decision alignment: the lake" in page
+
+
+def test_evaluate_on_a_world_reports_decision_alignment(prefect_harness, tmp_path):
+    lake = generated_lake(tmp_path / "world", users=60, seed=5)
+    out = tmp_path / "eval"
+    result = evaluate(lake, out, "world", "random", extra=["--no-effect"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    for figures in report["simulators"].values():
+        assert list(figures) == [*HEADLINE, *SUPPLEMENTARY, "decision_alignment", *EFFECT]
+        assert list(figures["decision_alignment"]) == ALIGNMENT
+        aligned = figures["decision_alignment"]
+        assert aligned["purchase_sessions"] + aligned["no_purchase_sessions"] == SESSIONS
+    reference = report["decision_alignment"]
+    assert list(reference) == ["acceptable", "shown", "real"] and list(reference["real"]) == ALIGNMENT
+    page = (out / "report.html").read_text()
+    assert "Decision alignment (SalesSim)" in page and "purchase alignment ↑" in page
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,', page)
+    assert images[-1] == "Decision alignment"
 
 
 def test_evaluate_run_again_resumes_without_redoing_sessions(prefect_harness, lake, tmp_path):

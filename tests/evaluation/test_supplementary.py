@@ -104,14 +104,28 @@ def test_decision_alignment(tmp_path):
         [
             trace("bought-ok", steps("click", "ipv_buy", "end@ipv", item="i1")),
             trace("bought-bad", steps("click", "ipv_buy", "end@ipv", item="i2")),
+            trace("carted-ok", steps("click", "ipv_cart", "back_home", "end", item="i3")),
+            trace("rejected-cart", steps("click", "!ipv_cart", "back_home", "end", item="i4")),
             trace("left-acceptable", steps("scroll_down", "end")),
             trace("left-nothing", steps("scroll_down", "end")),
         ],
     )
     acceptable = pl.DataFrame(
-        {"session_id": ["bought-ok", "bought-bad", "left-acceptable"], "item_id": ["i1", "i9", "i5"]}
+        {
+            "session_id": ["bought-ok", "bought-bad", "carted-ok", "rejected-cart", "left-acceptable"],
+            "item_id": ["i1", "i9", "i3", "i4", "i5"],
+        }
     )
-    # aligned: bought-ok (i1 acceptable) and left-nothing (nothing acceptable shown) -> 2 of 4
+    # purchases (a cart or a buy that was executed): bought-ok (i1 acceptable, aligned), bought-bad (i2 is
+    # not, misaligned), carted-ok (i3 acceptable, aligned) -> 2 of 3. The rejected cart is no purchase:
+    # rejected-cart left with i4 acceptable on show (misaligned), like left-acceptable; left-nothing is
+    # aligned -> 1 of 3. Overall 3 of 6.
     assert decision_alignment(sim, acceptable) == pytest.approx(
-        {"decision_alignment": 0.5, "purchase_alignment": 0.5, "no_purchase_alignment": 0.5}
+        {
+            "decision_alignment": 0.5,
+            "purchase_alignment": 2 / 3,
+            "no_purchase_alignment": 1 / 3,
+            "purchase_sessions": 3,
+            "no_purchase_sessions": 3,
+        }
     )
