@@ -152,7 +152,7 @@ def check_resumable(
     saved_size = meta.get("world_size", 1)
     if saved_size != world_size:
         raise ValueError(
-            f"cannot resume: the checkpoint was written by {saved_size} ranks and this run has {world_size}; "
+            f"cannot resume: the checkpoint's world size is {saved_size}, this run's {world_size}; "
             "each rank samples its shard of every update from its own RNG stream, saved per rank, so "
             "another number of ranks would draw other samples and the run would not continue exactly"
         )

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -25,6 +23,7 @@ from trainer.optd_run import run_optd
 REPO = Path(__file__).resolve().parents[2]
 # DDP: 3 states shared unevenly (2 + 1); FSDP2 needs as many forwards on every rank: 4 states, 2 each
 STATES = {"ddp": 3, "fsdp": 4}
+UNEVEN_IDS = torch.arange(1, 9).view(1, 8)
 TIMING = {"seconds", "tokens_per_s", "forward_backward_detail"}  # wall clock: differs between any two runs
 
 
@@ -35,12 +34,39 @@ def settings(strategy: str):
     return train, optd_settings(max_new_tokens=12, held_out_states=2, strategy=strategy)
 
 
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+    )
+    return LlamaForCausalLM(config)
+
+
+def uneven_forwards(out: Path, rank: int) -> None:
+    """Under FSDP2, rank r runs r + 1 forwards inside ``unsharded`` (ranks sampling responses of different
+    lengths do), then one sharded forward through the root; each rank saves what it computed."""
+    from trainer.distributed import shard_fully, unsharded
+    from trainer.optd import HiddenStates
+
+    lm = tiny_llama()
+    body = shard_fully(HiddenStates(lm))
+    with torch.no_grad():
+        with unsharded(body):
+            logits = [lm(UNEVEN_IDS).logits for _ in range(rank + 1)][-1]
+        hidden = body(UNEVEN_IDS, torch.ones_like(UNEVEN_IDS))
+    torch.save({"logits": logits, "hidden": hidden}, out / f"uneven-{rank}.pt")
+
+
 def work(lake: Path, base: Path, out: Path, part: str) -> None:
-    """``first``: per strategy, the uninterrupted run into OUT/STRATEGY/whole and the first update of
-    the interrupted one into OUT/STRATEGY/parts; ``rest``: the interrupted runs resumed."""
+    """``first``: the uneven forwards, then per strategy the uninterrupted run into OUT/STRATEGY/whole
+    and the first update of the interrupted one into OUT/STRATEGY/parts; ``rest``: those resumed."""
     from trainer.distributed import init_world, shutdown
 
     world = init_world()
+    if part == "first":
+        uneven_forwards(out, world.rank)
     for strategy in STATES:
         train, optd = settings(strategy)
         if part == "first":
@@ -68,12 +94,9 @@ def launch(lake: Path, base: Path, out: Path, part: str) -> None:
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
-    from tests.trainer.test_optd import lake_rows
+    from tests.trainer.test_optd import write_lake
 
-    root = tmp_path_factory.mktemp("resumelake")
-    (root / "records").mkdir()
-    pq.write_table(pa.Table.from_pylist(lake_rows()), root / "records" / "part-0.parquet")
-    return root
+    return write_lake(tmp_path_factory.mktemp("resumelake"))
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +168,26 @@ def test_the_checkpoint_is_a_plain_folder_of_whole_tensors(strategy, runs):
 
 
 @pytest.mark.slow
+def test_generation_under_fsdp2_runs_no_collective_and_sees_whole_weights(runs):
+    # rank 1 ran twice as many forwards inside `unsharded` as rank 0 and neither waited on the other; both
+    # computed what the whole model computes, and the root's own forward still works afterwards
+    from trainer.optd import HiddenStates
+
+    lm = tiny_llama()
+    with torch.no_grad():
+        logits = lm(UNEVEN_IDS).logits
+        hidden = HiddenStates(lm)(UNEVEN_IDS, torch.ones_like(UNEVEN_IDS))
+    for rank in (0, 1):
+        computed = torch.load(runs / f"uneven-{rank}.pt")
+        torch.testing.assert_close(computed["logits"], logits, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(computed["hidden"], hidden, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_one_process_refuses_to_resume_a_two_rank_checkpoint(runs, lake, base):
     # one process cannot continue the two ranks' sampling streams: refused, not resumed inexactly
     train, optd = settings("ddp")
-    with pytest.raises(ValueError, match="written by 2 ranks and this run has 1"):
+    with pytest.raises(ValueError, match="world size is 2, this run's 1"):
         run_optd(train, optd, lake, runs / "ddp" / "parts", base, resume=True, progress=False)
 
 
