@@ -18,7 +18,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tests.trainer.test_optd import optd_settings, train_settings, write_lake
 from trainer.optd_run import run_optd
+from trainer.run import run_sft
 
 REPO = Path(__file__).resolve().parents[2]
 # DDP: 3 states shared unevenly (2 + 1); FSDP2 needs as many forwards on every rank: 4 states, 2 each
@@ -28,8 +30,6 @@ TIMING = {"seconds", "tokens_per_s", "forward_backward_detail"}  # wall clock: d
 
 
 def settings(strategy: str):
-    from tests.trainer.test_optd import optd_settings, train_settings
-
     train = train_settings(steps=2, states_per_update=STATES[strategy], micro_batch_states=1, lr=3e-3)
     return train, optd_settings(max_new_tokens=12, held_out_states=2, strategy=strategy)
 
@@ -94,17 +94,12 @@ def launch(lake: Path, base: Path, out: Path, part: str) -> None:
 
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
-    from tests.trainer.test_optd import write_lake
-
     return write_lake(tmp_path_factory.mktemp("resumelake"))
 
 
 @pytest.fixture(scope="module")
 def base(lake, tmp_path_factory) -> Path:
     """A short SFT run's checkpoint: the frozen teacher and the student's start."""
-    from tests.trainer.test_optd import train_settings
-    from trainer.run import run_sft
-
     return Path(
         run_sft(train_settings(steps=2), lake, tmp_path_factory.mktemp("sft"), progress=False).checkpoint
     )
