@@ -138,16 +138,49 @@ def full_tensor(param: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def unsharded(module: nn.Module) -> Iterator[None]:
-    """Whole parameters for the duration (generation calls the model outside the sharded forward)."""
-    units = [m for m in module.modules() if hasattr(m, "unshard") and hasattr(m, "reshard")]
+def unsharded(root: nn.Module) -> Iterator[None]:
+    """Whole parameters for the duration, and no collective inside (a no-op when ``root`` is not sharded).
+
+    Generation calls the model outside the sharded forward, and ranks sampling responses of
+    different lengths run different numbers of forwards: each unit gathers its shards once
+    here and keeps them through every forward, instead of gathering again at each one.
+    ``root`` is the module ``shard_fully`` sharded.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in root.modules() if isinstance(m, FSDPModule)]
+    if units:
+        # FSDP2 takes the first unit to run a forward for the root: a layer called by generation
+        # before any training forward would take the root's place
+        root._get_fsdp_state()._lazy_init()
     for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
         unit.unshard()
     try:
         yield
     finally:
         for unit in units:
             unit.reshard()
+            if unit is not root:  # the root keeps its parameters after forward anyway (FSDP2's rule)
+                unit.set_reshard_after_forward(True, recurse=False)
+
+
+def gather_to_main(value: Item, world: World) -> list[Item] | None:
+    """Every rank's ``value``, in rank order, on rank 0 (None on the others); every rank calls it."""
+    if not world.active:
+        return [value]
+    gathered: list[Item] | None = [None] * world.size if world.is_main else None  # type: ignore[list-item]
+    dist.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def broadcast_from_main(value: Item, world: World) -> Item:
+    """Rank 0's ``value`` on every rank (what the others pass is ignored); every rank calls it."""
+    if not world.active:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier(world: World) -> None:

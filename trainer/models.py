@@ -186,10 +186,18 @@ def check_same_vocabulary(
         raise VocabularyMismatch("student and teacher cannot be distilled: " + "; ".join(problems))
 
 
-def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> Path:
-    """Hugging Face folder: safetensors, config, generation config, tokenizer and chat template."""
+def save_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    folder: str | Path,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Hugging Face folder: safetensors, config, generation config, tokenizer and chat template.
+
+    ``weights``: the whole state dict to write instead of the model's own (a sharded model's, gathered).
+    """
     folder = Path(folder)
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, state_dict=weights)
     tokenizer.save_pretrained(folder)
     portable_tokenizer_config(folder / "tokenizer_config.json", tokenizer.chat_template)
     return folder

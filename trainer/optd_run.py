@@ -23,7 +23,7 @@ from trainer.checkpoint import check_resumable, latest, read_meta, restore_train
 from trainer.data import StateSampler, power_law_weights
 from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
 from trainer.generation import Generated, Generator, HFGenerator, VLLMGenerator, check_on_policy
-from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, autocast
+from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, adam, autocast, schedule
 from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
     HiddenStates,
@@ -77,7 +77,7 @@ class OPTDRun:
 
     def generate(self, states: list[OPTDState]) -> Generated:
         """Samples from the current weights; refused if the generator's are older (zero staleness)."""
-        with unsharded(self.student.lm), autocast(self.device, self.base.settings.bf16):
+        with unsharded(self.student), autocast(self.device, self.base.settings.bf16):
             generated = self.generator.generate([s.state.prompt_ids for s in states])
         check_on_policy(generated, self.trainer.updates)
         return generated
@@ -104,22 +104,20 @@ class OPTDRun:
         )
 
     def checkpoint(self, step: int) -> Path | None:
-        """Every rank calls it (sharded weights are gathered together); rank 0 writes."""
+        """Every rank calls it (sharded weights and optimizer state are gathered together); rank 0 writes."""
         meta = {**self.meta, "sampler": self.sampler.state_dict()}
         b = self.base
-        with unsharded(self.student.lm):
-            if not self.world.is_main:
-                return None
-            return save_checkpoint(
-                b.out,
-                step,
-                b.model,
-                b.tokenizer,
-                self.trainer.optimizer,
-                self.trainer.scheduler,
-                meta,
-                keep=b.settings.keep_checkpoints,
-            )
+        return save_checkpoint(
+            b.out,
+            step,
+            b.model,
+            b.tokenizer,
+            self.trainer.optimizer,
+            self.trainer.scheduler,
+            meta,
+            keep=b.settings.keep_checkpoints,
+            world=self.world,
+        )
 
 
 def build_generator(run_base: SftRun, optd: OPTDSettings, checkpoint: Path) -> Generator:
@@ -150,10 +148,13 @@ def prepare_optd(
         weights = power_law_weights([s.record.action for s in train_states], settings.class_resampling_alpha)
     student = HiddenStates(base.model)
     device = device_for(world, base.trainer.device)
+    wrapped = wrap(student, world, optd.strategy, device)
+    # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
+    optimizer = adam(base.model, settings.lr, settings.adam_betas, settings.adam_eps)
     trainer = Trainer(
-        wrap(student, world, optd.strategy, device),
-        base.trainer.optimizer,
-        base.trainer.scheduler,
+        wrapped,
+        optimizer,
+        schedule(optimizer, settings.warmup_steps, settings.steps),
         clip=settings.clip_grad_norm,
         device=device,
         bf16=settings.bf16,
@@ -188,8 +189,8 @@ def prepare_optd(
 def restore(run: OPTDRun, folder: Path) -> int:
     """Continue ``folder``'s run exactly: optimiser, schedule, RNG, sampler and the policy version."""
     meta = read_meta(folder)
-    check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
-    restore_training_state(folder, run.trainer.optimizer, run.trainer.scheduler)
+    check_resumable(meta, run.meta["settings"], run.meta["data_hash"], run.world.size)
+    restore_training_state(folder, run.base.model, run.trainer.optimizer, run.trainer.scheduler, run.world)
     run.sampler.load_state_dict(meta["sampler"])
     run.trainer.updates = meta["step"]
     run.meta["held_out_start"] = meta["held_out_start"]

@@ -173,7 +173,7 @@ def restore(run: SftRun, folder: Path) -> int:
     """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns its step."""
     meta = read_meta(folder)
     check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
-    restore_training_state(folder, run.trainer.optimizer, run.trainer.scheduler)
+    restore_training_state(folder, run.model, run.trainer.optimizer, run.trainer.scheduler)
     run.sampler.load_state_dict(meta["sampler"])
     run.trainer.updates = meta["step"]
     run.meta["held_out_loss_start"] = meta["held_out_loss_start"]

@@ -80,12 +80,15 @@ def lake_rows() -> list[dict[str, object]]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("optdlake")
+def write_lake(root: Path) -> Path:
     (root / "records").mkdir()
     pq.write_table(pa.Table.from_pylist(lake_rows()), root / "records" / "part-0.parquet")
     return root
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    return write_lake(tmp_path_factory.mktemp("optdlake"))
 
 
 TINY = TinyModelSettings(

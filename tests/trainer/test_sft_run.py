@@ -23,8 +23,11 @@ from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.cli import app
 from synthetic.bundle import write_bundle
+from tests.trainer.conftest import tiny_model
+from trainer.checkpoint import check_resumable, read_meta, restore_training_state, save_checkpoint
 from trainer.config import TinyModelSettings, TrainSettings
 from trainer.data import load_records, prompt_ids
+from trainer.loop import adam, schedule
 from trainer.run import run_sft
 from transforms.ingest import ingest_bundle
 from transforms.prompts import PromptSettings
@@ -148,6 +151,30 @@ def test_resume_refuses_changed_settings(tiny_lake, tmp_path):
         )
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_sft(small(), tiny_lake, tmp_path / "empty", resume=True, progress=False)
+
+
+def test_a_checkpoint_before_any_update_saves_no_optimizer_state_and_restores_the_rng(tokenizer, tmp_path):
+    # every update so far skipped (non-finite): Adam has no state yet. Asking torch.distributed.checkpoint for
+    # it would first take a zero-gradient step, which Adam's bias correction counts as its first update.
+    model = tiny_model(tokenizer)
+    optimizer = adam(model, 1e-2, (0.9, 0.999), 1e-8)
+    meta = {"settings": {}, "data_hash": "states"}
+    folder = save_checkpoint(
+        tmp_path, 1, model, tokenizer, optimizer, schedule(optimizer, 1, 4), meta, keep=1
+    )
+    assert not optimizer.state
+    assert torch.load(folder / "trainer_state.pt", weights_only=False)["optimizer"] is None
+    after_save = torch.rand(3)  # what the run would draw next
+
+    resumed = AutoModelForCausalLM.from_pretrained(folder)
+    fresh = adam(resumed, 1e-2, (0.9, 0.999), 1e-8)
+    torch.manual_seed(123)
+    restore_training_state(folder, resumed, fresh, schedule(fresh, 1, 4))
+    assert not fresh.state
+    assert torch.equal(torch.rand(3), after_save)  # the saved RNG state, not the reseeded one
+    check_resumable(read_meta(folder), {}, "states", world_size=1)
+    with pytest.raises(ValueError, match="world size is 1, this run's 2"):
+        check_resumable(read_meta(folder), {}, "states", world_size=2)
 
 
 runner = CliRunner()
