@@ -19,10 +19,13 @@ from evaluation.executable import (
     judge_responses,
     record_screens,
 )
+from synthetic.bundle import write_bundle
 from tests.evaluation.test_environment_loader import write_environment_lake
 from tests.extractors.tinylake import ITEM, SESSION, steps_frame
-from transforms.lake import write_table
+from transforms.ingest import ingest_bundle
+from transforms.lake import read_lake_table, write_table
 from transforms.prompts import Accepted, Rejected
+from transforms.records import write_records
 
 
 def record(session: str, step: int) -> str:
@@ -124,3 +127,18 @@ def test_the_report_counts_shares_and_reasons(screens):
         "no_screen": {"missing_feed_offset": 1, RECORD_NOT_IN_LAKE: 1},
     }
     assert judge_responses(screens, ["nowhere:0"], ["{}"]).as_json()["executable_share"] is None
+
+
+def test_every_gold_action_of_an_ingested_lake_is_executable_on_its_screen(tmp_path):
+    # the synthetic shoppers act only as the environment allows, so each record's own gold action,
+    # written as a response, must be accepted on the screen replay places for it (both modes)
+    write_bundle(tmp_path / "raw", users=4, seed=3, fmt="parquet", parts_per_table=1)
+    lake = tmp_path / "lake"
+    ingest_bundle(tmp_path / "raw", lake)
+    write_records(lake, modes=["single", "cross"])
+    records = read_lake_table(lake, "records", ["record_id", "action_json"])
+    ids = records["record_id"].to_list()
+    texts = [json.dumps({"rationale": "r", "action": json.loads(a)}) for a in records["action_json"]]
+    report = judge_responses(record_screens(lake, ids), ids, texts).as_json()
+    assert report["judged"] == len(ids) > 0 and report["executable_share"] == 1.0
+    assert report["rejected"] == {} and report["no_screen"] == {}
