@@ -52,16 +52,37 @@ def _value(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in counts.items()) or "none"
+
+
+def responses_markdown(start: dict[str, Any] | None, end: dict[str, Any] | None) -> str:
+    """The sampled held-out responses (PROTOCOL §2): parse and executable shares, start -> end."""
+    if not (start or end):
+        return "sampled held-out responses: none"
+    first, last = start or {}, end or {}
+    return (
+        f"sampled held-out responses: parse {_value(first.get('parse_share'))} -> "
+        f"{_value(last.get('parse_share'))}, executable {_value(first.get('executable_share'))} -> "
+        f"{_value(last.get('executable_share'))} ({last.get('judged', 0)} on a screen); "
+        f"rejected at the end: {_counts(last.get('rejected', {}))}; "
+        f"without a screen: {_counts(last.get('no_screen', {}))}"
+    )
+
+
 def held_out_markdown(s: dict[str, Any]) -> str:
     if "held_out_loss_start" in s:  # sft
         start, end = s["held_out_loss_start"], s["held_out_loss_end"]
-        return f"held-out loss ({s['held_out_states']} states): {_value(start)} -> {_value(end)}"
+        responses = responses_markdown(s.get("held_out_responses_start"), s.get("held_out_responses_end"))
+        return (
+            f"held-out loss ({s['held_out_states']} states): {_value(start)} -> {_value(end)}\n\n{responses}"
+        )
     start, end = s["held_out_start"] or {}, s["held_out_end"] or {}
-    rows = "\n".join(
-        f"| {name} | {_value(start.get(name))} | {_value(end.get(name))} |"
-        for name in start.keys() | end.keys()
-    )
-    return f"held-out states: {s['held_out_states']}\n\n| measure | start | end |\n|---|---:|---:|\n{rows}"
+    shares = ("parse_share", "executable_share")  # on the responses' line
+    measures = [k for k, v in (start | end).items() if isinstance(v, float) and k not in shares]
+    rows = "\n".join(f"| {name} | {_value(start.get(name))} | {_value(end.get(name))} |" for name in measures)
+    table = f"| measure | start | end |\n|---|---:|---:|\n{rows}"
+    return f"held-out states: {s['held_out_states']}\n\n{table}\n\n{responses_markdown(start, end)}"
 
 
 def summary_markdown(stage: str, s: dict[str, Any]) -> str:

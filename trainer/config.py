@@ -53,6 +53,10 @@ class TrainSettings(BaseSettings):
     train_split: str = "train"
     eval_split: str = Field("val", description="held-out split whose loss is reported")
     eval_max_states: int = Field(64, ge=1, description="held-out states scored (the first by key)")
+    eval_sample_states: int = Field(
+        8, ge=0, description="of those, the first whose sampled responses are judged (PROTOCOL §2); 0: none"
+    )
+    eval_max_new_tokens: int = Field(256, ge=1, description="longest held-out response sampled")
     max_prompt_tokens: int = Field(4096, ge=8, description="longer states are dropped and counted, never cut")
     max_response_tokens: int = Field(256, ge=2, description="longer gold responses are dropped and counted")
     class_resampling_alpha: float | None = Field(

@@ -232,19 +232,3 @@ def objective_value(
             sums[name] = sums.get(name, 0.0) + float(getattr(loss, name)) * rollout.n_states
         n_states += rollout.n_states
     return {("objective" if k == "total" else k): v / n_states for k, v in sums.items()}
-
-
-def response_shares(tokenizer: PreTrainedTokenizerBase, responses: Sequence[list[int]]) -> dict[str, float]:
-    """Share of responses in the PROTOCOL §2 format, and of those naming one of the 13 actions.
-
-    The records carry the rendered prompt, not the observation, so whether an action is
-    executable on that screen is the evaluation's check; here the response's own validity is.
-    """
-    from transforms.prompts.parse import Candidate, parse_response  # the data stack, for reports only
-    from transforms.schemas import ACTIONS
-
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    verdicts = [parse_response(text) for text in texts]
-    parsed = [v for v in verdicts if isinstance(v, Candidate)]
-    n = max(len(verdicts), 1)
-    return {"parse_share": len(parsed) / n, "known_action_share": sum(v.type in ACTIONS for v in parsed) / n}

@@ -2,7 +2,8 @@
 
 ``OUT/metrics.jsonl`` gets one row per update (kind ``train``: the loss parts, mean lambda*,
 binding share, guidance KL, tokens/s, seconds per phase) and per held-out evaluation (kind
-``eval``: the objective on held-out states, the share of sampled responses that parse).
+``eval``: the objective on held-out states; the shares of the sampled responses that parse and that
+are executable on their records' screens, with the rejection reasons counted).
 Held-out samples are drawn from their own seeded RNG stream, so evaluations neither depend on
 nor disturb the training samples: a resumed run samples what an uninterrupted one would.
 Under ``torchrun`` each rank trains on its shard of every update; rank 0 writes.
@@ -32,15 +33,14 @@ from trainer.optd import (
     build_rollouts,
     objective_value,
     optd_states,
-    response_shares,
 )
 from trainer.optd_config import OPTDSettings
+from trainer.responses import record_screens_for, response_shares, seeded
 from trainer.run import SftRun, prepare_sft_run
 
 if TYPE_CHECKING:
+    from evaluation.executable import RecordScreens
     from trainer.config import TrainSettings
-
-EVAL_SEED_OFFSET = 1_000_003  # the held-out samples' RNG stream, apart from the training one
 
 
 @dataclass
@@ -50,8 +50,8 @@ class OPTDSummary:
     skipped_steps: int
     train_states: int
     held_out_states: int
-    held_out_start: dict[str, float] | None
-    held_out_end: dict[str, float] | None
+    held_out_start: dict[str, Any] | None
+    held_out_end: dict[str, Any] | None
     left_out: dict[str, int] = field(default_factory=dict)
     data_hash: str = ""
 
@@ -70,6 +70,7 @@ class OPTDRun:
     held_out: list[OPTDState]
     sampler: StateSampler
     meta: dict[str, Any]
+    screens: RecordScreens | None = None  # the held-out records' screens, placed at the first evaluation
 
     @property
     def device(self) -> torch.device:
@@ -90,18 +91,19 @@ class OPTDRun:
             states, responses, self.teacher, pad, s.micro_batch_states, self.device, timer, cast
         )
 
-    def evaluate(self) -> dict[str, float] | None:
-        """The objective and response shares on the held-out states, from a fixed sampling seed."""
+    def evaluate(self) -> dict[str, Any] | None:
+        """The objective on the held-out states and their sampled responses judged on their screens,
+        from a fixed sampling seed."""
         if not self.held_out:
             return None
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.base.settings.seed + EVAL_SEED_OFFSET)
+        records = [s.record for s in self.held_out]
+        if self.screens is None:
+            self.screens = record_screens_for(self.base.lake, records)
+        with seeded(self.base.settings.seed, self.device):
             responses = self.generate(self.held_out).response_ids
         rollouts = self.rollouts(self.held_out, responses, PhaseTimer(self.device))
-        return objective_value(self.student, self.objective, rollouts) | response_shares(
-            self.base.tokenizer, responses
-        )
+        shares = response_shares(self.base.tokenizer, records, responses, self.screens)
+        return objective_value(self.student, self.objective, rollouts) | shares
 
     def checkpoint(self, step: int) -> Path | None:
         """Every rank calls it (sharded weights and optimizer state are gathered together); rank 0 writes."""

@@ -1,7 +1,9 @@
 """The SFT run: records -> states -> updates, with held-out loss, metrics and checkpoints.
 
 ``OUT/metrics.jsonl`` gets one row per update (kind ``train``) and per held-out
-evaluation (kind ``eval``); ``OUT/summary.json`` says what went in and what came out.
+evaluation (kind ``eval``: the held-out loss, and the shares of responses sampled from a fixed
+seed that parse and that are executable on their records' screens, rejection reasons counted);
+``OUT/summary.json`` says what went in and what came out.
 """
 
 from __future__ import annotations
@@ -28,7 +30,18 @@ from trainer.data import (
     load_records,
     power_law_weights,
 )
-from trainer.loop import LossSums, MetricsLog, PhaseTimer, Trainer, adam, schedule, seed_everything, split
+from trainer.generation import HFGenerator, SamplingSettings
+from trainer.loop import (
+    LossSums,
+    MetricsLog,
+    PhaseTimer,
+    Trainer,
+    adam,
+    autocast,
+    schedule,
+    seed_everything,
+    split,
+)
 from trainer.models import (
     build_tiny_model,
     enable_activation_checkpointing,
@@ -36,10 +49,14 @@ from trainer.models import (
     tokenizer_fingerprint,
     train_tokenizer,
 )
+from trainer.responses import record_screens_for, response_shares, seeded
 from trainer.sft import held_out_loss, sft_loss
 
 if TYPE_CHECKING:
+    from evaluation.executable import RecordScreens
     from trainer.config import TrainSettings
+
+LOSS_ROW_KEYS = ("kind", "step", "held_out_loss")  # an eval row's other values are the responses' report
 
 
 @dataclass
@@ -53,6 +70,9 @@ class TrainSummary:
     held_out_loss_end: float | None
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> records not trained on
     data_hash: str = ""
+    # sampled held-out responses: parse and executable shares, rejections (trainer.responses)
+    held_out_responses_start: dict[str, Any] | None = None
+    held_out_responses_end: dict[str, Any] | None = None
 
 
 @dataclass
@@ -69,6 +89,9 @@ class SftRun:
     trainer: Trainer
     meta: dict[str, Any]  # what every checkpoint records besides the step and the sampler
     left_out: Counter[str]
+    lake: Path
+    sample_states: list[EncodedState]  # held-out states whose sampled responses are judged
+    screens: RecordScreens | None = None  # their records' screens, placed at the first evaluation
 
     @property
     def vocab(self) -> int:
@@ -83,8 +106,24 @@ class SftRun:
         size, device = self.settings.micro_batch_states, self.trainer.device
         return micro_batches(chosen, size, self.tokenizer, device), len(chosen)
 
-    def held_out(self) -> float | None:
-        return held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
+    def held_out(self) -> dict[str, Any]:
+        """One eval row's values: the held-out loss and the sampled responses' report."""
+        loss = held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
+        return {"held_out_loss": loss, **(self.held_out_responses() or {})}
+
+    def held_out_responses(self) -> dict[str, Any] | None:
+        """Responses sampled from a fixed seed on ``sample_states``, judged on their screens."""
+        if not self.sample_states:
+            return None
+        records = [s.record for s in self.sample_states]
+        if self.screens is None:
+            self.screens = record_screens_for(self.lake, records)
+        sampling = SamplingSettings(max_new_tokens=self.settings.eval_max_new_tokens)
+        generator = HFGenerator(self.model, self.tokenizer, sampling)
+        device = self.trainer.device
+        with seeded(self.settings.seed, device), autocast(device, self.settings.bf16):
+            responses = generator.generate([s.prompt_ids for s in self.sample_states]).response_ids
+        return response_shares(self.tokenizer, records, responses, self.screens)
 
     def checkpoint(self, step: int) -> Path:
         t, meta = self.trainer, {**self.meta, "sampler": self.sampler.state_dict()}
@@ -166,6 +205,8 @@ def prepare_sft_run(
         trainer=trainer,
         meta={"stage": "sft", "settings": settings_json(settings), "data_hash": digest},
         left_out=left_out + dropped,
+        lake=Path(lake),
+        sample_states=eval_states[: min(settings.eval_sample_states, settings.eval_max_states)],
     )
 
 
@@ -205,11 +246,13 @@ def run_sft(
     start = restore(run, resume_from) if resume_from else 0
     metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
     if start == 0:
-        run.meta["held_out_loss_start"] = run.held_out()
-        metrics.write({"kind": "eval", "step": 0, "held_out_loss": run.meta["held_out_loss_start"]})
+        evaluation = run.held_out()
+        run.meta["held_out_loss_start"] = evaluation["held_out_loss"]
+        metrics.write({"kind": "eval", "step": 0, **evaluation})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     train_updates(run, metrics, start, end, progress)
-    evaluations = [row["held_out_loss"] for row in metrics.rows() if row["kind"] == "eval"]
+    evaluations = [row for row in metrics.rows() if row["kind"] == "eval"]
+    responses = [{k: v for k, v in row.items() if k not in LOSS_ROW_KEYS} for row in evaluations]
     summary = TrainSummary(
         checkpoint=str(run.checkpoint(end)),
         steps=end,
@@ -217,9 +260,11 @@ def run_sft(
         train_states=len(run.states),
         held_out_states=sum(b.n_states for b in run.eval_batches),
         held_out_loss_start=run.meta["held_out_loss_start"],
-        held_out_loss_end=evaluations[-1] if evaluations else None,
+        held_out_loss_end=evaluations[-1]["held_out_loss"] if evaluations else None,
         left_out=dict(run.left_out),
         data_hash=run.meta["data_hash"],
+        held_out_responses_start=(responses[0] or None) if responses else None,
+        held_out_responses_end=(responses[-1] or None) if responses else None,
     )
     (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return summary
@@ -238,7 +283,7 @@ def train_updates(run: SftRun, metrics: MetricsLog, start: int, end: int, progre
         bar.update(1)
         bar.set_postfix(loss=f"{report.loss:.3f}", lr=f"{report.lr:.2e}")
         if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
-            metrics.write({"kind": "eval", "step": step, "held_out_loss": run.held_out()})
+            metrics.write({"kind": "eval", "step": step, **run.held_out()})
         if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
             run.checkpoint(step)
     bar.close()

@@ -41,9 +41,8 @@ def feed_order(session: str) -> list[str]:
     return list(seen)
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("lake")
+def write_environment_lake(path: Path) -> Path:
+    """The tiny lake with the tables the environment needs: sessions, feed layouts, profiles, history."""
     write_tiny_lake(path)
     sessions, layouts = [], []
     for name, script in SCRIPT.items():
@@ -118,6 +117,11 @@ def lake(tmp_path_factory) -> Path:
     ]
     write_table(path, "history", conformed(history, HISTORY))
     return path
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    return write_environment_lake(tmp_path_factory.mktemp("lake"))
 
 
 def by_name(sessions) -> dict:

@@ -33,10 +33,10 @@ from trainer.optd import (
     build_rollouts,
     optd_states,
     privileged_messages,
-    response_shares,
 )
 from trainer.optd_config import OPTDSettings
 from trainer.optd_run import run_optd
+from trainer.responses import record_screens_for, response_shares
 from trainer.run import run_sft
 
 # --- a small lake of short, regular states -----------------------------------------------------
@@ -237,19 +237,22 @@ def test_sft_raises_the_share_of_responses_that_parse(lake, tmp_path):
     trained = AutoModelForCausalLM.from_pretrained(summary.checkpoint)
     trained_tokenizer = AutoTokenizer.from_pretrained(summary.checkpoint)
     states = lake_states(lake, trained_tokenizer, split="test")
+    records = [s.record for s in states]
+    screens = record_screens_for(lake, records)
     untrained = tiny_model(trained_tokenizer, seed=0)
 
-    def shares(model) -> dict[str, float]:
+    def shares(model) -> dict:
         torch.manual_seed(0)
         generated = HFGenerator(model, trained_tokenizer, SamplingSettings(max_new_tokens=40))
-        return response_shares(
-            trained_tokenizer, generated.generate([s.prompt_ids for s in states]).response_ids
-        )
+        responses = generated.generate([s.prompt_ids for s in states]).response_ids
+        return response_shares(trained_tokenizer, records, responses, screens)
 
+    # this lake holds records only: no screen to judge them on, each of the 6 counted apart
+    no_screen = {"executable_share": None, "judged": 0, "rejected": {}, "no_screen": {"no_recorded_steps": 6}}
     # random weights put a '{' first with probability ~1/435 and never a whole JSON object
-    assert shares(untrained) == {"parse_share": 0.0, "known_action_share": 0.0}
+    assert shares(untrained) == {"parse_share": 0.0, **no_screen}
     after = shares(trained)
-    assert after["parse_share"] >= 0.5 and after["known_action_share"] == after["parse_share"]
+    assert after["parse_share"] >= 0.5 and after.items() >= no_screen.items()
 
 
 # --- whole runs ----------------------------------------------------------------------------------
@@ -363,4 +366,5 @@ def test_cli_trains_optd_from_an_sft_checkpoint(prefect_harness, lake, sft_check
     assert f"checkpoint: {final}" in result.output.replace("\n", "")
     saved = json.loads((final / "trainer.json").read_text())["settings"]["optd"]
     assert (saved["max_new_tokens"], saved["held_out_states"], saved["epsilon"]) == (16, 2, 0.02)
-    assert "parse_share" in result.output
+    assert "sampled held-out responses: parse " in result.output
+    assert "without a screen: no_recorded_steps 2" in result.output  # a records-only lake
