@@ -63,8 +63,15 @@ from transforms.schemas import ACTIONS
 A = {name: code for code, name in enumerate(ACTIONS)}
 # Detail-page actions the policy chooses among (``end`` is decided by the budget).
 IPV_CHOICES = (
-    "ipv_scroll_down", "ipv_scroll_up", "ipv_swipe_pic", "ipv_click_param", "ipv_enter_comment",
-    "ipv_click_comment", "ipv_cart", "ipv_buy", "back_home",
+    "ipv_scroll_down",
+    "ipv_scroll_up",
+    "ipv_swipe_pic",
+    "ipv_click_param",
+    "ipv_enter_comment",
+    "ipv_click_comment",
+    "ipv_cart",
+    "ipv_buy",
+    "back_home",
 )
 IPV_CODES = np.array([A[name] for name in IPV_CHOICES], dtype=np.int8)
 UI_STATES = ("main", "params", "comments")
@@ -188,12 +195,21 @@ class _State:
         n = len(feeds.n_cards)
         zeros = lambda dtype: np.zeros(n, dtype=dtype)  # noqa: E731
         return cls(
-            screen=zeros(np.int8), offset=zeros(np.float64),  # CSS px: fractional at the feed's bottom
+            screen=zeros(np.int8),
+            offset=zeros(np.float64),  # CSS px: fractional at the feed's bottom
             max_offset=(feeds.feed_height - geometry.feed_viewport).astype(np.float64),
-            clicked=np.zeros(feeds.item.shape, dtype=bool), returned=zeros(bool),
-            item=np.full(n, -1, dtype=np.int32), interest=zeros(np.float64),
-            page=zeros(np.int32), page_max=zeros(np.int32), ui=zeros(np.int8), pic=zeros(np.int32),
-            visit_step=zeros(np.int32), carted=zeros(bool), bought=zeros(bool), param_seen=zeros(bool),
+            clicked=np.zeros(feeds.item.shape, dtype=bool),
+            returned=zeros(bool),
+            item=np.full(n, -1, dtype=np.int32),
+            interest=zeros(np.float64),
+            page=zeros(np.int32),
+            page_max=zeros(np.int32),
+            ui=zeros(np.int8),
+            pic=zeros(np.int32),
+            visit_step=zeros(np.int32),
+            carted=zeros(bool),
+            bought=zeros(bool),
+            param_seen=zeros(bool),
             comments_seen=zeros(bool),
         )
 
@@ -232,8 +248,12 @@ class FeedChoice:
 
 
 def choose_on_feed(
-    rng: np.random.Generator, view: FeedView, traits: SessionTraits, winding: np.ndarray,
-    p: BehaviourParams, geo: Geometry,
+    rng: np.random.Generator,
+    view: FeedView,
+    traits: SessionTraits,
+    winding: np.ndarray,
+    p: BehaviourParams,
+    geo: Geometry,
 ) -> FeedChoice:
     """One feed action per session (the shopper policy of the module docstring)."""
     n, off, appeal = len(view.offset), view.offset, view.appeal
@@ -307,23 +327,31 @@ def page_weights(
     # Paying above one's usual level for the category puts buying off, in proportion to price sensitivity.
     over_price = np.log(view.price / (view.category_price * traits.price_level)).clip(0)
     price_fit = np.exp(-traits.price_sensitivity * over_price)
-    weights = np.stack([
-        p.ipv_scroll_down * p.ipv_scroll_decay ** j * (page < view.page_max),
-        p.ipv_scroll_up * (page > 0),
-        p.swipe * (view.pic < view.n_pics - 1),
-        p.param * review**0.5 * ~view.param_seen,
-        p.enter_comment * review * (view.n_reviews > 0) * ~view.comments_seen,
-        p.click_comment * review * (view.tappable_reviews > 0),
-        p.cart * purchase * ~carted * ~bought,
-        p.buy * purchase * price_fit**0.5 * (1 + p.buy_after_cart * carted) * ~bought,
-        p.back_home * (1 + p.back_home_growth * j) * (1 + p.back_home_after_cart * (carted | bought))
-        * np.where(winding, p.last_back_home, 1.0),
-    ], axis=1)
+    weights = np.stack(
+        [
+            p.ipv_scroll_down * p.ipv_scroll_decay**j * (page < view.page_max),
+            p.ipv_scroll_up * (page > 0),
+            p.swipe * (view.pic < view.n_pics - 1),
+            p.param * review**0.5 * ~view.param_seen,
+            p.enter_comment * review * (view.n_reviews > 0) * ~view.comments_seen,
+            p.click_comment * review * (view.tappable_reviews > 0),
+            p.cart * purchase * ~carted * ~bought,
+            p.buy * purchase * price_fit**0.5 * (1 + p.buy_after_cart * carted) * ~bought,
+            p.back_home
+            * (1 + p.back_home_growth * j)
+            * (1 + p.back_home_after_cart * (carted | bought))
+            * np.where(winding, p.last_back_home, 1.0),
+        ],
+        axis=1,
+    )
     return weights
 
 
 def accepts_on_visit(
-    interest: np.ndarray, price: np.ndarray, category_price: np.ndarray, traits: SessionTraits,
+    interest: np.ndarray,
+    price: np.ndarray,
+    category_price: np.ndarray,
+    traits: SessionTraits,
     p: BehaviourParams,
 ) -> np.ndarray:
     """Whether each shopper would accept the item: opening its page afresh (the visit's first action,
@@ -333,9 +361,21 @@ def accepts_on_visit(
     n = len(interest)
     zero, none = np.zeros(n, np.int32), np.zeros(n, bool)
     fresh = PageView(
-        page=zero, page_max=zero, ui=zero, pic=zero, n_pics=zero + 1, n_reviews=zero, tappable_reviews=zero,
-        price=price, category_price=category_price, visit_step=zero, interest=interest, carted=none,
-        bought=none, param_seen=none, comments_seen=none,
+        page=zero,
+        page_max=zero,
+        ui=zero,
+        pic=zero,
+        n_pics=zero + 1,
+        n_reviews=zero,
+        tappable_reviews=zero,
+        price=price,
+        category_price=category_price,
+        visit_step=zero,
+        interest=interest,
+        carted=none,
+        bought=none,
+        param_seen=none,
+        comments_seen=none,
     )
     weights = page_weights(fresh, traits, none, p)
     take = weights[:, IPV_CHOICES.index("ipv_cart")] + weights[:, IPV_CHOICES.index("ipv_buy")]
@@ -343,14 +383,19 @@ def accepts_on_visit(
 
 
 def choose_on_page(
-    rng: np.random.Generator, view: PageView, traits: SessionTraits, winding: np.ndarray,
-    p: BehaviourParams, geo: Geometry,
+    rng: np.random.Generator,
+    view: PageView,
+    traits: SessionTraits,
+    winding: np.ndarray,
+    p: BehaviourParams,
+    geo: Geometry,
 ) -> PageChoice:
     """One detail-page action per session (weights of the module docstring, then one draw)."""
     page, n = view.page, len(view.page)
     choice = _categorical(rng, page_weights(view, traits, winding, p))
-    dist = np.clip(np.rint(p.ipv_scroll_px * rng.lognormal(0, p.scroll_sigma, n)), 40,
-                   geo.max_ipv_scroll).astype(np.int32)
+    dist = np.clip(
+        np.rint(p.ipv_scroll_px * rng.lognormal(0, p.scroll_sigma, n)), 40, geo.max_ipv_scroll
+    ).astype(np.int32)
     dist = np.where(choice == 0, np.minimum(dist, view.page_max - page), np.minimum(dist, page))
     review_index = np.where(choice == 5, (rng.random(n) * view.tappable_reviews).astype(np.int32), -1)
     return PageChoice(choice=choice, distance=dist, review_index=review_index)
@@ -360,15 +405,31 @@ class _Recorder:
     def __init__(self) -> None:
         self.parts: list[tuple[np.ndarray, ...]] = []
 
-    def add(self, idx: np.ndarray, t: int, action: np.ndarray, st: _State, item: np.ndarray,
-            delta: np.ndarray, review: np.ndarray, on_ipv: bool) -> None:
+    def add(
+        self,
+        idx: np.ndarray,
+        t: int,
+        action: np.ndarray,
+        st: _State,
+        item: np.ndarray,
+        delta: np.ndarray,
+        review: np.ndarray,
+        on_ipv: bool,
+    ) -> None:
         n = len(idx)
-        self.parts.append((
-            idx, np.full(n, t, np.int32), action.astype(np.int8), item.astype(np.int32),
-            st.offset[idx].copy(), delta.astype(np.float64),
-            st.page[idx].copy() if on_ipv else np.full(n, -1, np.int32), review.astype(np.int32),
-            st.ui[idx].copy() if on_ipv else np.full(n, -1, np.int8),
-        ))
+        self.parts.append(
+            (
+                idx,
+                np.full(n, t, np.int32),
+                action.astype(np.int8),
+                item.astype(np.int32),
+                st.offset[idx].copy(),
+                delta.astype(np.float64),
+                st.page[idx].copy() if on_ipv else np.full(n, -1, np.int32),
+                review.astype(np.int32),
+                st.ui[idx].copy() if on_ipv else np.full(n, -1, np.int8),
+            )
+        )
 
     def steps(self) -> Steps:
         cols = [np.concatenate(c) for c in zip(*self.parts, strict=True)]
@@ -433,11 +494,21 @@ class _Simulation:
         can_tap_review = (n_rev > 0) & ((ui == 2) | (ui == 0) & review_row_in_view)  # panels cover the page
         shown = np.minimum(n_rev, np.where(ui == 2, PANEL_REVIEWS, INLINE_REVIEWS))
         view = PageView(
-            page=page, page_max=st.page_max[idx], ui=ui, pic=st.pic[idx], n_pics=cat.n_pics[item],
-            n_reviews=n_rev, tappable_reviews=np.where(can_tap_review, shown, 0), price=cat.price[item],
-            category_price=tx.L1_PRICE[cat.l1[item]], visit_step=st.visit_step[idx],
-            interest=st.interest[idx], carted=st.carted[idx], bought=st.bought[idx],
-            param_seen=st.param_seen[idx], comments_seen=st.comments_seen[idx],
+            page=page,
+            page_max=st.page_max[idx],
+            ui=ui,
+            pic=st.pic[idx],
+            n_pics=cat.n_pics[item],
+            n_reviews=n_rev,
+            tappable_reviews=np.where(can_tap_review, shown, 0),
+            price=cat.price[item],
+            category_price=tx.L1_PRICE[cat.l1[item]],
+            visit_step=st.visit_step[idx],
+            interest=st.interest[idx],
+            carted=st.carted[idx],
+            bought=st.bought[idx],
+            param_seen=st.param_seen[idx],
+            comments_seen=st.comments_seen[idx],
         )
         chosen = choose_on_page(self.draws(idx, t), view, self.traits.take(idx), winding, self.p, geo)
         choice, dist = chosen.choice, chosen.distance

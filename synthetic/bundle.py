@@ -124,8 +124,15 @@ def main() -> None:
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--whole-px", action="store_true", help="whole px boxes (default: fractional)")
     args = parser.parse_args()
-    summary = write_bundle(args.out_dir, args.users, args.seed, args.fmt, args.parts_per_table,
-                           overwrite=args.overwrite, fractional_px=not args.whole_px)
+    summary = write_bundle(
+        args.out_dir,
+        args.users,
+        args.seed,
+        args.fmt,
+        args.parts_per_table,
+        overwrite=args.overwrite,
+        fractional_px=not args.whole_px,
+    )
     print(json.dumps({k: summary[k] for k in ("counts", "time_range", "timings_s")}, indent=2))
 
 

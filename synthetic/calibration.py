@@ -78,9 +78,7 @@ def bundle_stats(events: pl.DataFrame, items: pl.DataFrame) -> dict[str, float]:
     share = dict(events.group_by("action").agg(pl.len() / n).iter_rows())
     stats = {f"share_{a}": share.get(a, 0.0) for a in MAIN_ACTIONS}
     stats["share_other"] = 1.0 - sum(stats.values())
-    sessions = session_frame(events, items).with_columns(
-        pl.len().over("user_id").alias("user_sessions")
-    )
+    sessions = session_frame(events, items).with_columns(pl.len().over("user_id").alias("user_sessions"))
     single = sessions.filter(pl.col("user_sessions") == 1)["length"]
     cross = sessions.filter(pl.col("user_sessions") > 1)["length"]
     per_user = sessions.group_by("user_id").agg(pl.len().alias("k"))["k"]
@@ -89,9 +87,8 @@ def bundle_stats(events: pl.DataFrame, items: pl.DataFrame) -> dict[str, float]:
         ((pl.col("start") - pl.col("stop").shift().over("user_id")).dt.total_seconds()).alias("gap_s"),
     ).filter(pl.col("gap_s").is_not_null())
     with_cats = pairs.filter(pl.col("top_l1").is_not_null() & pl.col("prev_l1").is_not_null())
-    click_items = (
-        events.filter(pl.col("action") == "click")
-        .join(items.select("item_id", _top_l1(pl.col("category")).alias("l1")), on="item_id", how="left")
+    click_items = events.filter(pl.col("action") == "click").join(
+        items.select("item_id", _top_l1(pl.col("category")).alias("l1")), on="item_id", how="left"
     )
     per_item = click_items.group_by("item_id").agg(pl.len().alias("c"))["c"].sort(descending=True)
     top = max(1, round(len(per_item) * 0.01))

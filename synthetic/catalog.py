@@ -143,9 +143,7 @@ def _params(rng: np.random.Generator, family: np.ndarray) -> pa.Array:
     flat_values = [v for x in label_names for v in tx.PARAM_VALUES[x]]
     labels = pl.Series(label_names).gather(label).to_arrow().cast(pa.string())
     values = pl.Series(flat_values).gather(value).to_arrow().cast(pa.string())
-    struct = pa.StructArray.from_arrays(
-        [labels, values], ["label", "value"]
-    )
+    struct = pa.StructArray.from_arrays([labels, values], ["label", "value"])
     return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(k)]), pa.int32()), struct)
 
 

@@ -138,7 +138,9 @@ def build_feeds(
     noise = rng.normal(0, 1, item.shape)
     score = np.where(
         treatment[:, None],
-        params.treat_affinity * log_aff - params.treat_price * misfit + params.treat_popularity * log_pop
+        params.treat_affinity * log_aff
+        - params.treat_price * misfit
+        + params.treat_popularity * log_pop
         + params.treat_noise * noise,
         log_pop + params.baseline_noise * noise,
     )

@@ -26,14 +26,34 @@ MAX_SESSIONS = 80
 AFFINITY_CONCENTRATION = 6.0
 FEMALE_SHARE = 0.58
 # Coverage per profile field, inside UserArena's 99.0-99.9 %.
-PROFILE_COVERAGE = {"age_band": 0.996, "gender": 0.999, "city_tier": 0.990, "purchase_power": 0.993,
-                    "member_level": 0.998, "lifecycle": 0.995}
+PROFILE_COVERAGE = {
+    "age_band": 0.996,
+    "gender": 0.999,
+    "city_tier": 0.990,
+    "purchase_power": 0.993,
+    "member_level": 0.998,
+    "lifecycle": 0.995,
+}
 AGE_BANDS = ("18-24", "25-29", "30-34", "35-39", "40-49", "50+")
 MEMBER_LEVELS = ("regular", "silver", "gold", "platinum")
 LIFECYCLES = ("new", "growing", "mature", "loyal")
-_FEMALE_TILT = {"Apparel": 1.25, "Jewellery": 1.8, "Bags": 1.6, "Beauty": 2.0, "Baby": 1.4, "Home": 1.2,
-                "Electronics": 0.5, "Computers": 0.4, "Games": 0.4, "Tools": 0.4, "Automotive": 0.4,
-                "Phones": 0.7, "Cameras": 0.6, "Sports": 0.7, "Watches": 0.7}
+_FEMALE_TILT = {
+    "Apparel": 1.25,
+    "Jewellery": 1.8,
+    "Bags": 1.6,
+    "Beauty": 2.0,
+    "Baby": 1.4,
+    "Home": 1.2,
+    "Electronics": 0.5,
+    "Computers": 0.4,
+    "Games": 0.4,
+    "Tools": 0.4,
+    "Automotive": 0.4,
+    "Phones": 0.7,
+    "Cameras": 0.6,
+    "Sports": 0.7,
+    "Watches": 0.7,
+}
 
 
 @dataclass(frozen=True)

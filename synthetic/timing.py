@@ -20,9 +20,19 @@ GAP_SHORT, GAP_LONG = 0.346, 0.133  # shares of gaps < 5 min and > 12 h
 GAP_BANDS_S = ((8.0, 300.0), (300.0, 43_200.0), (43_200.0, 7 * 86_400.0))
 # Median seconds spent after each action before the next one (reading, deciding).
 DWELL_S = {
-    "scroll_down": 3.0, "scroll_up": 3.0, "click": 2.5, "end": 1.0, "ipv_scroll_down": 4.5,
-    "ipv_scroll_up": 3.5, "ipv_swipe_pic": 2.5, "ipv_click_param": 6.0, "ipv_enter_comment": 5.0,
-    "ipv_click_comment": 9.0, "ipv_cart": 3.0, "ipv_buy": 8.0, "back_home": 2.0,
+    "scroll_down": 3.0,
+    "scroll_up": 3.0,
+    "click": 2.5,
+    "end": 1.0,
+    "ipv_scroll_down": 4.5,
+    "ipv_scroll_up": 3.5,
+    "ipv_swipe_pic": 2.5,
+    "ipv_click_param": 6.0,
+    "ipv_enter_comment": 5.0,
+    "ipv_click_comment": 9.0,
+    "ipv_cart": 3.0,
+    "ipv_buy": 8.0,
+    "back_home": 2.0,
 }
 _DWELL_MEDIAN_MS = np.array([DWELL_S[a] * 1000 for a in ACTIONS])
 

@@ -51,8 +51,13 @@ class Bundle:
     sessions: pl.DataFrame
 
     def tables(self) -> dict[str, pl.DataFrame]:
-        return {"profiles": self.profiles, "items": self.items, "feeds": self.feeds, "events": self.events,
-                "history": self.history}
+        return {
+            "profiles": self.profiles,
+            "items": self.items,
+            "feeds": self.feeds,
+            "events": self.events,
+            "history": self.history,
+        }
 
 
 @dataclass(frozen=True)
@@ -89,11 +94,17 @@ class World:
     geometry: Geometry = field(default_factory=Geometry)
 
     @classmethod
-    def build(cls, users: int, seed: int, params: BehaviourParams | None = None,
-              geometry: Geometry | None = None) -> World:
+    def build(
+        cls, users: int, seed: int, params: BehaviourParams | None = None, geometry: Geometry | None = None
+    ) -> World:
         n_items = max(MIN_ITEMS, round(users * ITEMS_PER_USER))
-        return cls(seed=seed, catalog=build_catalog(n_items, seed), shoppers=build_shoppers(users, seed),
-                   params=params or BehaviourParams(), geometry=geometry or Geometry())
+        return cls(
+            seed=seed,
+            catalog=build_catalog(n_items, seed),
+            shoppers=build_shoppers(users, seed),
+            params=params or BehaviourParams(),
+            geometry=geometry or Geometry(),
+        )
 
     # --- ground truth ----------------------------------------------------------------------
 
@@ -132,8 +143,13 @@ class World:
 
     # --- simulation ------------------------------------------------------------------------
 
-    def run(self, user_ids: list[str] | pl.Series | None = None, policy: Policy = "ab", seed: int = 0,
-            keyed_draws: int | None = None) -> Run:
+    def run(
+        self,
+        user_ids: list[str] | pl.Series | None = None,
+        policy: Policy = "ab",
+        seed: int = 0,
+        keyed_draws: int | None = None,
+    ) -> Run:
         """The sessions of the given shoppers (default: all) under ``policy``: their plan, feeds, traits
         and the actions the shoppers took; deterministic per seed. ``keyed_draws``: the shoppers' actions
         draw from streams keyed by (world seed, seed, keyed_draws, session, step), which shoppers acting
@@ -145,22 +161,35 @@ class World:
         plan = self._plan(rng, users, policy)
         s = self.shoppers
         u = plan.user
-        feeds = build_feeds(rng, self.catalog, s.affinity[u], s.price_level[u], s.price_sensitivity[u],
-                            plan.intent, plan.treatment, self.params.feed)
+        feeds = build_feeds(
+            rng,
+            self.catalog,
+            s.affinity[u],
+            s.price_level[u],
+            s.price_sensitivity[u],
+            plan.intent,
+            plan.treatment,
+            self.params.feed,
+        )
         traits = SessionTraits(
-            click=s.click_propensity[u], scroll_px=s.scroll_px[u], review=s.review_propensity[u],
-            purchase=s.purchase_propensity[u], price_sensitivity=s.price_sensitivity[u],
+            click=s.click_propensity[u],
+            scroll_px=s.scroll_px[u],
+            review=s.review_propensity[u],
+            purchase=s.purchase_propensity[u],
+            price_sensitivity=s.price_sensitivity[u],
             price_level=s.price_level[u],
         )
         keyed = None if keyed_draws is None else (self.seed, seed, keyed_draws)
-        steps = simulate_steps(rng, plan.budget, feeds, self.catalog, traits, self.params, self.geometry,
-                               keyed)
+        steps = simulate_steps(
+            rng, plan.budget, feeds, self.catalog, traits, self.params, self.geometry, keyed
+        )
         ts = self._timestamps(rng, plan, steps)
         pv_ids = hex_ids("pv-", len(u), salt("pv", self.seed, seed, policy))
         return Run(policy, seed, users, plan, feeds, traits, steps, ts, pv_ids, keyed_draws)
 
-    def simulate(self, user_ids: list[str] | pl.Series | None = None, policy: Policy = "ab",
-                 seed: int = 0) -> Bundle:
+    def simulate(
+        self, user_ids: list[str] | pl.Series | None = None, policy: Policy = "ab", seed: int = 0
+    ) -> Bundle:
         """Sessions of the given shoppers (default: all) under ``policy`` as raw log tables."""
         return self.bundle(self.run(user_ids, policy, seed))
 
@@ -169,18 +198,22 @@ class World:
         plan, steps, ts, pv_ids = run.plan, run.steps, run.ts, run.pv_ids
         u, event_key = plan.user, salt("event", self.seed, run.seed, run.policy)
         return Bundle(
-            profiles=self.profiles().filter(pl.col("user_id").is_in(self.user_ids.gather(run.users).implode())),
+            profiles=self.profiles().filter(
+                pl.col("user_id").is_in(self.user_ids.gather(run.users).implode())
+            ),
             items=self.items,
             feeds=self._feeds_frame(run.feeds, pv_ids),
             events=self._events_frame(steps, ts, plan, pv_ids, event_key),
             history=self._history_frame(run.users, plan, ts, steps),
-            sessions=pl.DataFrame({
-                "page_view_id": pv_ids,
-                "user_id": self.user_ids.gather(u),
-                "policy": np.where(plan.treatment, "treatment", "baseline"),
-                "intent_category": np.array(tx.L1_NAMES)[plan.intent],
-                "budget": plan.budget.astype(np.int32),
-            }),
+            sessions=pl.DataFrame(
+                {
+                    "page_view_id": pv_ids,
+                    "user_id": self.user_ids.gather(u),
+                    "policy": np.where(plan.treatment, "treatment", "baseline"),
+                    "intent_category": np.array(tx.L1_NAMES)[plan.intent],
+                    "budget": plan.budget.astype(np.int32),
+                }
+            ),
         )
 
     def ab_effect(self, user_ids: list[str] | pl.Series | None = None, seed: int = 0) -> dict[str, float]:
@@ -213,10 +246,14 @@ class World:
         mean = np.where(multi, p.multi_budget, p.single_budget) * s.patience[user]
         mean = mean * rng.gamma(p.budget_shape, 1.0 / p.budget_shape, len(user))
         budget = np.minimum(2 + rng.poisson(mean), np.where(multi, p.multi_cap, p.single_cap))
-        treatment = {"baseline": np.zeros(len(user), bool), "treatment": np.ones(len(user), bool),
-                     "ab": s.treatment[user]}[policy]
-        return _Plan(user=user, first=first, intent=intent.astype(np.int64), budget=budget,
-                     treatment=treatment)
+        treatment = {
+            "baseline": np.zeros(len(user), bool),
+            "treatment": np.ones(len(user), bool),
+            "ab": s.treatment[user],
+        }[policy]
+        return _Plan(
+            user=user, first=first, intent=intent.astype(np.int64), budget=budget, treatment=treatment
+        )
 
     def _timestamps(self, rng: np.random.Generator, plan: _Plan, steps: Steps) -> np.ndarray:
         """Epoch ms per step: session start + the dwell of every earlier action of the session."""
@@ -230,47 +267,60 @@ class World:
 
     def _feeds_frame(self, feeds: Feeds, pv_ids: pl.Series) -> pl.DataFrame:
         pv, slot = np.nonzero(feeds.item >= 0)
-        return pl.DataFrame({
-            "page_view_id": pv_ids.gather(pv),
-            "item_id": self.item_ids.gather(feeds.item[pv, slot]),
-            "x": feeds.x[pv, slot],
-            "y": feeds.y[pv, slot],
-            "width": np.full(len(pv), feeds.card_width),
-            "height": feeds.height[pv, slot],
-            "feed_height": feeds.feed_height[pv],
-        })
+        return pl.DataFrame(
+            {
+                "page_view_id": pv_ids.gather(pv),
+                "item_id": self.item_ids.gather(feeds.item[pv, slot]),
+                "x": feeds.x[pv, slot],
+                "y": feeds.y[pv, slot],
+                "width": np.full(len(pv), feeds.card_width),
+                "height": feeds.height[pv, slot],
+                "feed_height": feeds.feed_height[pv],
+            }
+        )
 
-    def _events_frame(self, steps: Steps, ts: np.ndarray, plan: _Plan, pv_ids: pl.Series,
-                      key: np.uint64) -> pl.DataFrame:
+    def _events_frame(
+        self, steps: Steps, ts: np.ndarray, plan: _Plan, pv_ids: pl.Series, key: np.uint64
+    ) -> pl.DataFrame:
         null_if_negative = lambda name: pl.when(pl.col(name) >= 0).then(pl.col(name))  # noqa: E731
         on_ipv = steps.ipv_scroll >= 0
-        frame = pl.DataFrame({
-            "event_id": hex_ids("ev-", len(ts), key),
-            "user_id": self.user_ids.gather(plan.user[steps.session]),
-            "page_view_id": pv_ids.gather(steps.session),
-            "ts": pl.Series(ts, dtype=pl.Int64).cast(pl.Datetime("ms", "UTC")),
-            "screen": np.where(on_ipv, "ipv", "feed"),
-            "action": pl.Series(ACTIONS).gather(steps.action.astype(np.int64)),
-            "_item": steps.item,
-            "scroll_top": steps.scroll_top,
-            "scroll_delta": steps.scroll_delta,
-            "ipv_scroll": steps.ipv_scroll,
-            "review_index": steps.review_index,
-            "_ui": steps.ui_state.astype(np.int64),
-            "_step": steps.step,
-        })
+        frame = pl.DataFrame(
+            {
+                "event_id": hex_ids("ev-", len(ts), key),
+                "user_id": self.user_ids.gather(plan.user[steps.session]),
+                "page_view_id": pv_ids.gather(steps.session),
+                "ts": pl.Series(ts, dtype=pl.Int64).cast(pl.Datetime("ms", "UTC")),
+                "screen": np.where(on_ipv, "ipv", "feed"),
+                "action": pl.Series(ACTIONS).gather(steps.action.astype(np.int64)),
+                "_item": steps.item,
+                "scroll_top": steps.scroll_top,
+                "scroll_delta": steps.scroll_delta,
+                "ipv_scroll": steps.ipv_scroll,
+                "review_index": steps.review_index,
+                "_ui": steps.ui_state.astype(np.int64),
+                "_step": steps.step,
+            }
+        )
         return frame.select(
-            "event_id", "user_id", "page_view_id", "ts", "screen", "action",
-            pl.when(pl.col("_item") >= 0).then(self.item_ids.gather(np.maximum(steps.item, 0)))
+            "event_id",
+            "user_id",
+            "page_view_id",
+            "ts",
+            "screen",
+            "action",
+            pl.when(pl.col("_item") >= 0)
+            .then(self.item_ids.gather(np.maximum(steps.item, 0)))
             .alias("item_id"),
             "scroll_top",
             null_if_negative("scroll_delta").alias("scroll_delta"),
             null_if_negative("ipv_scroll").alias("ipv_scroll"),
             null_if_negative("review_index").alias("review_index"),
-            pl.when(pl.col("_ui") >= 0).then(pl.Series(UI_STATES).gather(np.maximum(steps.ui_state, 0)))
+            pl.when(pl.col("_ui") >= 0)
+            .then(pl.Series(UI_STATES).gather(np.maximum(steps.ui_state, 0)))
             .alias("ui_state"),
-            pl.concat_str(pl.lit("img/"), "page_view_id", pl.lit("/"), pl.col("_step").cast(pl.String),
-                          pl.lit(".jpg")).alias("image"),
+            pl.concat_str(
+                pl.lit("img/"), "page_view_id", pl.lit("/"), pl.col("_step").cast(pl.String), pl.lit(".jpg")
+            ).alias("image"),
         ).sort("ts", "page_view_id", maintain_order=True)
 
     @cached_property
@@ -281,8 +331,10 @@ class World:
         n_click = np.minimum(rng.poisson(2.0 + 2.5 * s.n_sessions**0.7 * s.click_propensity), 120)
         n_buy = np.minimum(rng.poisson(0.08 * n_click * s.purchase_propensity), 40)
         user = np.repeat(np.arange(s.size), n_click + n_buy)
-        is_buy = np.arange(len(user)) - np.repeat(np.cumsum(n_click + n_buy) - n_click - n_buy,
-                                                  n_click + n_buy) >= n_click[user]
+        is_buy = (
+            np.arange(len(user)) - np.repeat(np.cumsum(n_click + n_buy) - n_click - n_buy, n_click + n_buy)
+            >= n_click[user]
+        )
         cum = np.cumsum(s.affinity[user], axis=1)
         l1 = np.minimum((cum < rng.random(len(user))[:, None]).sum(axis=1), tx.N_L1 - 1)
         item = self.catalog.sample(rng, l1)
@@ -297,10 +349,12 @@ class World:
         session_start = ts[np.r_[True, steps.session[1:] != steps.session[:-1]]]
         first_start = np.zeros(self.shoppers.size, np.int64)
         first_start[plan.user[first_session]] = session_start[first_session]
-        return pl.DataFrame({
-            "user_id": self.user_ids.gather(user),
-            "ts": pl.Series(first_start[user] - age, dtype=pl.Int64).cast(pl.Datetime("ms", "UTC")),
-            "kind": np.where(is_buy, "buy", "click"),
-            "title": self.items["title"].gather(item),
-            "category": self.items["category"].gather(item),
-        }).sort("user_id", "ts", maintain_order=True)
+        return pl.DataFrame(
+            {
+                "user_id": self.user_ids.gather(user),
+                "ts": pl.Series(first_start[user] - age, dtype=pl.Int64).cast(pl.Datetime("ms", "UTC")),
+                "kind": np.where(is_buy, "buy", "click"),
+                "title": self.items["title"].gather(item),
+                "category": self.items["category"].gather(item),
+            }
+        ).sort("user_id", "ts", maintain_order=True)

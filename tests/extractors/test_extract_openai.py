@@ -162,7 +162,9 @@ def test_budget_cap_stops_cleanly_then_resumes(server, lake):
         "rationales": {"jobs": 19, "ok": 8, "quarantined": 0, "pending": 11},
     }
     # all that is done is kept: in the tables, in records, in the cache; pending is not quarantine
-    assert read_lake_table(lake.path, "rationales").height == 8 and len(ResponseCache.in_lake(lake.path)) == 10
+    assert (
+        read_lake_table(lake.path, "rationales").height == 8 and len(ResponseCache.in_lake(lake.path)) == 10
+    )
     assert read_lake_table(lake.path, "records").unique("record_id")["rationale"].is_not_null().sum() == 8
     assert read_lake_table(lake.path, "quarantine").filter(pl.col("stage") == "extract").height == 0
 

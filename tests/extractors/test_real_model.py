@@ -202,8 +202,12 @@ def test_extract_against_served_smollm2(prefect_harness, served_smollm2, smollm2
         assert "Traceback" not in result.output
         assert len(texts) == (1 + MAX_REASKS) * 5
         after = {p.relative_to(lake): p.read_bytes() for p in lake.rglob("*") if p.is_file()}
-        kept = {path: data for path, data in after.items() if path.parts[0] not in ("_cache", "_runs", "_docs")}
-        assert kept == {path: data for path, data in before.items() if path.parts[0] not in ("_cache", "_runs", "_docs")}
+        kept = {
+            path: data for path, data in after.items() if path.parts[0] not in ("_cache", "_runs", "_docs")
+        }
+        assert kept == {
+            path: data for path, data in before.items() if path.parts[0] not in ("_cache", "_runs", "_docs")
+        }
         return
     assert result.exit_code == 0, result.output
     summary = json.loads((lake / "_runs" / "extract" / "latest.json").read_text())
@@ -218,7 +222,9 @@ def test_extract_against_served_smollm2(prefect_harness, served_smollm2, smollm2
     held = [json.loads(p) for p in quarantine["payload"]]
     held_records = [h["record_id"] for h in held if "record_id" in h]
     assert rationales.height + len(held_records) == 4 and intents.height + len(held) - len(held_records) == 1
-    assert set(rationales["record_id"]) | set(held_records) == set(read_lake_table(lake, "records")["record_id"])
+    assert set(rationales["record_id"]) | set(held_records) == set(
+        read_lake_table(lake, "records")["record_id"]
+    )
     assert not set(rationales["record_id"]) & set(held_records)
     assert rationales.height == counts["rationales"]["ok"] and intents.height == counts["intents"]["ok"]
 

@@ -31,20 +31,27 @@ def events(calibration_bundle) -> pl.DataFrame:
 
 @pytest.fixture(scope="module")
 def sessions(events, calibration_bundle) -> pl.DataFrame:
-    l1 = calibration_bundle.items.select("item_id", pl.col("category").str.split("-").list.first().alias("l1"))
+    l1 = calibration_bundle.items.select(
+        "item_id", pl.col("category").str.split("-").list.first().alias("l1")
+    )
     clicks = events.filter(pl.col("action") == "click").join(l1, on="item_id")
     # session top category: the top-level category clicked most, ties to the one clicked first
     tops = (
-        clicks.group_by("page_view_id", "l1").agg(pl.len().alias("n"), pl.col("ts").min().alias("t"))
+        clicks.group_by("page_view_id", "l1")
+        .agg(pl.len().alias("n"), pl.col("ts").min().alias("t"))
         .sort("page_view_id", "n", "t", descending=[False, True, False])
-        .group_by("page_view_id").agg(pl.col("l1").first().alias("top"))
+        .group_by("page_view_id")
+        .agg(pl.col("l1").first().alias("top"))
     )
     per = events.group_by("page_view_id").agg(
-        pl.col("user_id").first(), pl.col("ts").min().alias("start"), pl.col("ts").max().alias("stop"),
+        pl.col("user_id").first(),
+        pl.col("ts").min().alias("start"),
+        pl.col("ts").max().alias("stop"),
         pl.len().alias("length"),
     )
     return (
-        per.join(tops, on="page_view_id", how="left").sort("user_id", "start")
+        per.join(tops, on="page_view_id", how="left")
+        .sort("user_id", "start")
         .with_columns(pl.len().over("user_id").alias("user_sessions"))
         .with_columns(
             pl.col("top").shift().over("user_id").alias("prev_top"),
@@ -98,7 +105,9 @@ def test_gaps_between_sessions(sessions):
 
 
 def test_click_categories(events, calibration_bundle):
-    l1 = calibration_bundle.items.select("item_id", pl.col("category").str.split("-").list.first().alias("l1"))
+    l1 = calibration_bundle.items.select(
+        "item_id", pl.col("category").str.split("-").list.first().alias("l1")
+    )
     clicks = events.filter(pl.col("action") == "click").join(l1, on="item_id")
     assert abs((clicks["l1"] == "Apparel").mean() - 0.549) <= 0.03
     assert abs((clicks["l1"] == "Jewellery").mean() - 0.0577) <= 0.015
@@ -107,7 +116,9 @@ def test_click_categories(events, calibration_bundle):
 
 
 def test_item_clicks_are_long_tailed(events):
-    per_item = events.filter(pl.col("action") == "click").group_by("item_id").len()["len"].sort(descending=True)
+    per_item = (
+        events.filter(pl.col("action") == "click").group_by("item_id").len()["len"].sort(descending=True)
+    )
     assert abs((per_item == 1).mean() - 0.92) <= 0.03  # 92.0 % of clicked items clicked once
     top = per_item.head(max(1, len(per_item) // 100))
     assert 0.015 <= top.sum() / per_item.sum() <= 0.06  # top 1 % take "a few %" (paper: 3.23 %)

@@ -13,8 +13,15 @@ from synthetic.bundle import write_bundle
 from synthetic.feeds import FeedParams
 from synthetic.world import World
 
-TRAITS = ("patience", "price_sensitivity", "price_level", "review_propensity", "purchase_propensity",
-          "click_propensity", "scroll_px")
+TRAITS = (
+    "patience",
+    "price_sensitivity",
+    "price_level",
+    "review_propensity",
+    "purchase_propensity",
+    "click_propensity",
+    "scroll_px",
+)
 
 
 def _tree_bytes(root) -> dict[str, bytes]:
@@ -69,8 +76,10 @@ def test_profiles_reflect_traits(calibration_bundle):
 
 def test_ab_arm_is_a_hash_split_recorded_in_profiles(small_bundle):
     profiles = small_bundle.profiles
-    expected = ["treatment" if hashlib.blake2b(u.encode(), digest_size=8).digest()[0] & 1 else "baseline"
-                for u in profiles["user_id"]]
+    expected = [
+        "treatment" if hashlib.blake2b(u.encode(), digest_size=8).digest()[0] & 1 else "baseline"
+        for u in profiles["user_id"]
+    ]
     assert profiles["ab_arm"].to_list() == expected
     assert 0.4 <= (profiles["ab_arm"] == "treatment").mean() <= 0.6
     # in the "real" logs each session's feed was ranked by its shopper's arm
@@ -101,14 +110,17 @@ def test_feeds_are_two_column_masonry(small_bundle):
     assert feeds["height"].is_between(250, 380.75).all()
     assert set((feeds["height"] % 1).unique()) == {0.0, 0.25, 0.5, 0.75}
     per = feeds.group_by("page_view_id").agg(
-        pl.len().alias("n"), pl.col("feed_height").n_unique().alias("heights"),
-        (pl.col("y") + pl.col("height")).max().alias("bottom"), pl.col("feed_height").first(),
+        pl.len().alias("n"),
+        pl.col("feed_height").n_unique().alias("heights"),
+        (pl.col("y") + pl.col("height")).max().alias("bottom"),
+        pl.col("feed_height").first(),
     )
     assert per["n"].is_between(30, 120).all() and (per["heights"] == 1).all()
     assert ((per["feed_height"] - per["bottom"]).is_between(0, 16)).all()  # tallest column + small padding
     # cards in one column never overlap
     ordered = feeds.sort("page_view_id", "x", "y").with_columns(
-        (pl.col("y") + pl.col("height")).shift().over("page_view_id", "x").alias("above_bottom"))
+        (pl.col("y") + pl.col("height")).shift().over("page_view_id", "x").alias("above_bottom")
+    )
     assert (ordered["y"] >= ordered["above_bottom"]).drop_nulls().all()
     assert np.all(small_bundle.feeds["feed_height"].to_numpy() > 693)
 

@@ -261,7 +261,9 @@ def test_an_unreadable_items_file_left_to_pass_two_is_quarantined_once(tmp_path)
 def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_path):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", ThreeParts())
-    rejected = read_lake_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "duplicate_event_id")
+    rejected = read_lake_table(tmp_path / "lake", "quarantine").filter(
+        pl.col("reason") == "duplicate_event_id"
+    )
     assert rejected["source_row"].to_list() == [24]  # the later of the two rows with id ev-0
 
 
@@ -274,7 +276,9 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
     pl.concat([events, conflicting, events.slice(5, 1)]).write_parquet(first)
 
     class ManyParts(IngestSettings):
-        spill_part_rows: int = 2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> 2 chunks, left to pass 2
+        spill_part_rows: int = (
+            2_000  # ~29,000 feed + event rows -> 15 parts; ~3,000 items -> 2 chunks, left to pass 2
+        )
         memory_rows: int = 0
 
     single, parted = _ingest_both(raw, tmp_path, ManyParts())

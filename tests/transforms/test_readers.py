@@ -104,7 +104,9 @@ def test_an_unreadable_1000_line_jsonl_file_counts_1000_rows_quarantined(tmp_pat
     history = result.counts["history"]
     assert (history.rows_in, history.rows_out, history.quarantined) == (1000, 0, 1000)
     assert result.quarantine_by_reason["unreadable_file"] == 1000
-    quarantined = read_lake_table(tmp_path / "lake", "quarantine").filter(pl.col("reason") == "unreadable_file")
+    quarantined = read_lake_table(tmp_path / "lake", "quarantine").filter(
+        pl.col("reason") == "unreadable_file"
+    )
     assert quarantined["source_row"].to_list() == list(range(1000))
     assert (
         "OSError" in quarantined["detail"][0]

@@ -292,7 +292,11 @@ def test_a_clean_staged_rerun_retires_the_lakes_stale_gate_rejects(tmp_path: Pat
 
 
 REASONS = pl.DataFrame(
-    {"table_name": ["events", "events", "events", "feeds"], "reason": ["a", "b", "c", "a"], "rows": [6, 3, 1, 2]}
+    {
+        "table_name": ["events", "events", "events", "feeds"],
+        "reason": ["a", "b", "c", "a"],
+        "rows": [6, 3, 1, 2],
+    }
 )
 
 
