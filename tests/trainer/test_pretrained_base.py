@@ -56,7 +56,7 @@ def settings(**overrides) -> TrainSettings:
         max_response_tokens=64,
         device="cpu",
         bf16=False,
-        torch_threads=2,
+        torch_threads=1,  # on a shared machine one thread beats two waiting for each other
     )
     return TrainSettings(**(values | overrides))
 
