@@ -97,19 +97,31 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinyModelSpec) ->
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    model.generation_config = generation_config(tokenizer, config.vocab_size)
+    model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id)
+    fit_generation_config(model.generation_config, tokenizer, config.vocab_size)
     return model
 
 
-def generation_config(tokenizer: PreTrainedTokenizerBase, model_vocab: int) -> GenerationConfig:
-    """Stop at eos, pad with pad, and never emit a padded-vocabulary row."""
-    padding_rows = list(range(len(tokenizer), model_vocab))
-    return GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        suppress_tokens=padding_rows or None,
-    )
+def fit_generation_config(
+    config: GenerationConfig, tokenizer: PreTrainedTokenizerBase, model_vocab: int
+) -> None:
+    """Stop at the tokenizer's eos (every trained response ends with it), pad with its pad token, and
+    never emit a padded-vocabulary row (rows past the tokenizer have no token to decode to).
+
+    A pretrained base's own stop ids are kept (chat models often stop on two). Its generation
+    config may lack the eos, the pad id or the suppression; a checkpoint is saved with this config,
+    so a plain ``generate`` on it stops where the trained responses stop.
+    """
+    stops = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    stops = [s for s in stops if s is not None]
+    if tokenizer.eos_token_id not in stops:
+        stops.append(tokenizer.eos_token_id)
+    config.eos_token_id = stops[0] if len(stops) == 1 else stops
+    if config.pad_token_id is None:
+        config.pad_token_id = tokenizer.pad_token_id
+    padding_rows = range(len(tokenizer), model_vocab)
+    suppressed = sorted({*(config.suppress_tokens or []), *padding_rows})
+    config.suppress_tokens = suppressed or None
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -135,6 +147,7 @@ def load_pretrained(
             f"{path}: the model has {model_vocab_size(model)} vocabulary rows, "
             f"its tokenizer {len(tokenizer)} tokens"
         )
+    fit_generation_config(model.generation_config, tokenizer, model_vocab_size(model))
     return model, tokenizer
 
 
