@@ -268,8 +268,8 @@ def run_optd(
     )
     if start == 0:
         run.meta["held_out_start"] = run.evaluate()
-        if metrics:
-            metrics.write({"kind": "eval", "step": 0, **(run.meta["held_out_start"] or {})})
+        if metrics and run.meta["held_out_start"] is not None:  # no held-out states: no eval row
+            metrics.write({"kind": "eval", "step": 0, **run.meta["held_out_start"]})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     train_updates(run, metrics, start, end, progress)
     rows = metrics.rows() if metrics else []

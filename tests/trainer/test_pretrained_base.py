@@ -180,6 +180,8 @@ def test_sft_from_smollm2_starts_at_its_own_loss_and_lowers_it(smollm2_folder, r
 def test_one_optd_step_from_the_sft_checkpoint_is_finite_and_taken(sft_run, optd_run):
     summary, rows = optd_run
     (step,) = [r for r in rows if r["kind"] == "train"]
+    assert [r["kind"] for r in rows] == ["train"]  # no held-out states: no (empty) evaluation rows
+    assert summary.held_out_start is None and summary.held_out_end is None
     assert step["step"] == 1 and not step["skipped"] and summary.skipped_steps == 0
     assert math.isfinite(step["loss"]) and step["loss"] > 0 and math.isfinite(step["grad_norm"])
     assert step["loss"] == pytest.approx(step["distillation"] + 0.1 * step["grounding"], rel=1e-5)
