@@ -1,0 +1,228 @@
+"""The evaluation against real models (slow): the ``openai:`` simulator over real HTTP against
+``transformers serve`` serving a checkpoint the trainer wrote, and the untrained SmolLM2-135M-Instruct
+as a ``checkpoint:`` row of the comparison table beside ``markov``.
+
+Both run ``trajforge evaluate`` on a few sessions of one small synthetic lake, the lake the tiny
+checkpoint is trained on: what a user does with a trained checkpoint, a vLLM fleet being the same API.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from evaluation.traces import read_replay, read_traces
+from extractors.config import ExtractSettings
+from extractors.pipeline import extract_lake
+from flows.cli import app
+from synthetic.bundle import write_bundle
+from tests.evaluation.test_evaluate_cli import EFFECT, HEADLINE, SUPPLEMENTARY
+from trainer.config import TinyModelSettings, TrainSettings
+from trainer.pretrained import served
+from trainer.run import run_sft
+from transforms.ingest import ingest_bundle
+from transforms.records import write_records
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+SESSIONS = 3
+# a key the server must receive and nothing the evaluation writes or prints may hold
+API_KEY = "sk-test-never-written-3f9c"
+CHAT = "/v1/chat/completions"
+SERVED_200 = f'"POST {CHAT} HTTP/1.1" 200'  # uvicorn's access-log line for one answered request
+TINY = TinyModelSettings(
+    vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1
+)
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    """12 synthetic shoppers through ingest, records, offline extraction (rationales) and records again."""
+    root = tmp_path_factory.mktemp("real-servers")
+    write_bundle(root / "raw", users=12, seed=9, fmt="parquet", parts_per_table=1)
+    ingest_bundle(root / "raw", root / "lake")
+    write_records(root / "lake", modes=["single"])
+    extract_lake(root / "lake", ExtractSettings(progress=False, cache=False))
+    write_records(root / "lake", modes=["single"])
+    return root / "lake"
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(lake, tmp_path_factory) -> Path:
+    """A tiny model trained by the trainer for a few updates and written by its checkpoint writer."""
+    torch.set_num_threads(2)
+    settings = TrainSettings(
+        modes=["single"], steps=6, states_per_update=4, micro_batch_states=2, lr=1e-2, warmup_steps=1,
+        eval_every=0, checkpoint_every=0, eval_max_states=4, eval_split="val", tiny=TINY,
+    )  # fmt: skip
+    return Path(run_sft(settings, lake, tmp_path_factory.mktemp("sft"), progress=False).checkpoint)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request as it passed on its way to the server, and the server's answer."""
+
+    path: str
+    authorization: str | None
+    request: dict[str, Any]
+    status: int
+    response: dict[str, Any]
+
+    @property
+    def content(self) -> str:
+        return self.response["choices"][0]["message"]["content"]
+
+
+@contextmanager
+def recording_proxy(upstream: str) -> Iterator[tuple[str, list[Exchange]]]:
+    """A pass-through HTTP server in front of ``upstream`` (a ``/v1`` base URL) that keeps every request
+    and answer; yields its own ``/v1`` base URL and the list it appends to."""
+    root = upstream.removesuffix("/v1")
+    exchanges: list[Exchange] = []
+
+    class Forward(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            forwarded = urllib.request.Request(
+                root + self.path, data=body, method="POST", headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(forwarded, timeout=600) as answer:
+                    status, payload = answer.status, answer.read()
+            except urllib.error.HTTPError as error:
+                status, payload = error.code, error.read()
+            auth = self.headers.get("Authorization")
+            exchanges.append(Exchange(self.path, auth, json.loads(body), status, json.loads(payload)))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:  # the server's own log is the one read
+            pass
+
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{proxy.server_address[1]}/v1", exchanges
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        thread.join(5)
+
+
+def evaluate(lake: Path, out: Path, specs: list[str], max_new_tokens: int) -> Any:
+    args = ["evaluate", "--lake", str(lake), "--out", str(out), "--sessions", str(SESSIONS), "--no-effect"]
+    args += ["--max-new-tokens", str(max_new_tokens)]
+    for spec in specs:
+        args += ["--simulator", spec]
+    return CliRunner().invoke(app, args, env={"OPENAI_API_KEY": API_KEY})
+
+
+def validity(rollout: Path, replayed: Path) -> tuple[float, float]:
+    """(RVA, OVA) worked out from the trace files (PROTOCOL.md §5, L0): accepted replay predictions over
+    all scored replay outputs, accepted rollout outputs over all rollout outputs."""
+    scored = [row for row in read_replay(replayed) if row.unscored_reason is None]
+    steps = [step for trace in read_traces(rollout) for step in trace.steps]
+    return sum(r.accepted for r in scored) / len(scored), sum(s.accepted for s in steps) / len(steps)
+
+
+def assert_every_session_ended(rollout: Path, spec: str) -> None:
+    traces = read_traces(rollout)
+    assert len(traces) == SESSIONS and {t.source for t in traces} == {spec}
+    # ended by the protocol (a terminal action, the budget, max_try), never by a failed request
+    for trace in traces:
+        assert (trace.terminated or trace.truncated) and trace.termination_reason not in (None, "error")
+        assert trace.steps and all(step.raw_output for step in trace.steps)
+
+
+@pytest.mark.timeout(1800)  # a tiny model: 1 min on a quiet machine, several on a crowded one
+def test_openai_simulator_against_transformers_serve(prefect_harness, lake, trained_checkpoint, tmp_path):
+    log = tmp_path / "transformers-serve.log"
+    max_tokens = 16
+    with served(trained_checkpoint, log=log) as server, recording_proxy(server) as (base_url, exchanges):
+        spec = f"openai:{trained_checkpoint}@{base_url}"
+        result = evaluate(lake, tmp_path / "eval", [spec], max_tokens)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    figures = report["simulators"][spec]
+    assert list(report["simulators"]) == [spec] and list(figures) == HEADLINE + SUPPLEMENTARY + EFFECT
+    assert [figures[key] for key in EFFECT] == [None, None, None]  # --no-effect
+    rollout, replayed = (Path(report["traces"][spec][kind]) for kind in ("rollout", "replay"))
+    assert_every_session_ended(rollout, spec)
+
+    # every answer the evaluation kept is one the server sent, and every one it sent was kept: the
+    # rollout's steps and the replay's scored rows, one request each (none failed, none retried)
+    kept = [s.raw_output for t in read_traces(rollout) for s in t.steps]
+    kept += [r.raw_output for r in read_replay(replayed) if r.unscored_reason is None]
+    assert all(kept) and sorted(kept) == sorted(e.content for e in exchanges)
+    runs = report["runs"][spec]
+    assert len(exchanges) == runs["rollout"]["outputs"] + runs["replay"]["outputs"] == len(kept)
+    # ... and they reached the server itself: its access log has one answered request for each
+    assert log.read_text().count(SERVED_200) == len(exchanges)
+    assert {(e.path, e.status) for e in exchanges} == {(CHAT, 200)}
+
+    # the requests: the served folder as the model, PROTOCOL.md §3 sampling, no constrained decoding,
+    # the system prompt then the rendered observation
+    for e in exchanges:
+        assert e.request["model"] == str(trained_checkpoint) and "response_format" not in e.request
+        assert (e.request["temperature"], e.request["top_p"], e.request["seed"]) == (1.0, 0.95, 42)
+        assert e.request["max_tokens"] == max_tokens
+        assert [m["role"] for m in e.request["messages"]] == ["system", "user"]
+        assert "## Current observation" in e.request["messages"][1]["content"]
+    # the key goes to the server and nowhere else
+    assert {e.authorization for e in exchanges} == {f"Bearer {API_KEY}"}
+    assert API_KEY not in result.output and API_KEY not in log.read_text()
+    assert not [p for p in (tmp_path / "eval").iterdir() if API_KEY in p.read_text()]
+
+    assert (figures["RVA"], figures["OVA"]) == pytest.approx(validity(rollout, replayed))
+
+
+def table_row(cells: list[str]) -> str:
+    return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
+
+
+def printed(key: str, value: float | None) -> str:
+    """A figure as Table 2 prints it: 4 decimals, TE 2, a dash where there is none."""
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if key == "TE" else f"{value:.4f}"
+
+
+@pytest.mark.timeout(2400)  # 135M parameters on ~30 prompts of ~1,100 tokens: minutes on 2 cores
+def test_untrained_smollm2_is_a_checkpoint_row_of_table_2(prefect_harness, lake, smollm2_folder, tmp_path):
+    torch.set_num_threads(2)
+    smollm2 = f"checkpoint:{smollm2_folder}"
+    result = evaluate(lake, tmp_path / "eval", [smollm2, "markov"], max_new_tokens=24)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert list(report["simulators"]) == [smollm2, "markov"]
+    figures = report["simulators"][smollm2]
+    assert list(figures) == HEADLINE + SUPPLEMENTARY + EFFECT
+    rollout, replayed = (Path(report["traces"][smollm2][kind]) for kind in ("rollout", "replay"))
+    assert_every_session_ended(rollout, smollm2)
+    rva, ova = validity(rollout, replayed)
+    assert (figures["RVA"], figures["OVA"]) == pytest.approx((rva, ova))
+    # markov only ever chooses executable actions; a general-purpose model without training writes
+    # prose, code fences and cut-off JSON in 24 tokens, so most of its outputs are rejected
+    markov = report["simulators"]["markov"]
+    assert (markov["RVA"], markov["OVA"]) == (1.0, 1.0) and ova < 1.0 and rva < 1.0
+
+    page = (tmp_path / "eval" / "report.html").read_text()
+    for spec in (smollm2, "markov"):
+        row = [spec, *(printed(key, report["simulators"][spec][key]) for key in HEADLINE)]
+        assert table_row(row) in page
