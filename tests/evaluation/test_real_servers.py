@@ -22,11 +22,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from evaluation.checkpoint_simulator import CheckpointSimulator
+from evaluation.rollout import Rollout
+from evaluation.simulators import Sampling
 from evaluation.traces import read_replay, read_traces
 from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.cli import app
 from synthetic.bundle import write_bundle
+from tests.evaluation.test_environment import session
 from tests.evaluation.test_evaluate_cli import EFFECT, HEADLINE, SUPPLEMENTARY
 from trainer.config import TinyModelSettings, TrainSettings
 from trainer.pretrained import served
@@ -38,6 +42,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 SESSIONS = 3
+SMOLLM2_SESSIONS = 2  # 11 recorded steps, each a prompt of ~1,100 tokens to a 135M model on 2 cores
 # a key the server must receive and nothing the evaluation writes or prints may hold
 API_KEY = "sk-test-never-written-3f9c"
 CHAT = "/v1/chat/completions"
@@ -125,8 +130,8 @@ def recording_proxy(upstream: str) -> Iterator[tuple[str, list[Exchange]]]:
         thread.join(5)
 
 
-def evaluate(lake: Path, out: Path, specs: list[str], max_new_tokens: int) -> Any:
-    args = ["evaluate", "--lake", str(lake), "--out", str(out), "--sessions", str(SESSIONS), "--no-effect"]
+def evaluate(lake: Path, out: Path, specs: list[str], max_new_tokens: int, sessions: int = SESSIONS) -> Any:
+    args = ["evaluate", "--lake", str(lake), "--out", str(out), "--sessions", str(sessions), "--no-effect"]
     args += ["--max-new-tokens", str(max_new_tokens)]
     for spec in specs:
         args += ["--simulator", spec]
@@ -141,9 +146,9 @@ def validity(rollout: Path, replayed: Path) -> tuple[float, float]:
     return sum(r.accepted for r in scored) / len(scored), sum(s.accepted for s in steps) / len(steps)
 
 
-def assert_every_session_ended(rollout: Path, spec: str) -> None:
+def assert_every_session_ended(rollout: Path, spec: str, sessions: int = SESSIONS) -> None:
     traces = read_traces(rollout)
-    assert len(traces) == SESSIONS and {t.source for t in traces} == {spec}
+    assert len(traces) == sessions and {t.source for t in traces} == {spec}
     # ended by the protocol (a terminal action, the budget, max_try), never by a failed request
     for trace in traces:
         assert (trace.terminated or trace.truncated) and trace.termination_reason not in (None, "error")
@@ -203,18 +208,20 @@ def printed(key: str, value: float | None) -> str:
     return f"{value:.2f}" if key == "TE" else f"{value:.4f}"
 
 
-@pytest.mark.timeout(2400)  # 135M parameters on ~30 prompts of ~1,100 tokens: minutes on 2 cores
+@pytest.mark.timeout(2400)  # a few minutes on 2 quiet cores, 15 on a crowded machine
 def test_untrained_smollm2_is_a_checkpoint_row_of_table_2(prefect_harness, lake, smollm2_folder, tmp_path):
     torch.set_num_threads(2)
     smollm2 = f"checkpoint:{smollm2_folder}"
-    result = evaluate(lake, tmp_path / "eval", [smollm2, "markov"], max_new_tokens=24)
+    result = evaluate(
+        lake, tmp_path / "eval", [smollm2, "markov"], max_new_tokens=24, sessions=SMOLLM2_SESSIONS
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert list(report["simulators"]) == [smollm2, "markov"]
     figures = report["simulators"][smollm2]
     assert list(figures) == HEADLINE + SUPPLEMENTARY + EFFECT
     rollout, replayed = (Path(report["traces"][smollm2][kind]) for kind in ("rollout", "replay"))
-    assert_every_session_ended(rollout, smollm2)
+    assert_every_session_ended(rollout, smollm2, SMOLLM2_SESSIONS)
     rva, ova = validity(rollout, replayed)
     assert (figures["RVA"], figures["OVA"]) == pytest.approx((rva, ova))
     # markov only ever chooses executable actions; a general-purpose model without training writes
@@ -226,3 +233,25 @@ def test_untrained_smollm2_is_a_checkpoint_row_of_table_2(prefect_harness, lake,
     for spec in (smollm2, "markov"):
         row = [spec, *(printed(key, report["simulators"][spec][key]) for key in HEADLINE)]
         assert table_row(row) in page
+
+
+@pytest.mark.timeout(1200)
+def test_the_checkpoint_simulator_prompts_smollm2_in_its_own_chat_format(smollm2_folder):
+    torch.set_num_threads(2)
+    sim = CheckpointSimulator.from_spec(str(smollm2_folder), Sampling(max_new_tokens=8, temperature=0.0))
+    prompts = [Rollout(session(offset=offset)).messages() for offset in (0.0, 120.5)]
+    batch = sim.encode(prompts)
+    # SmolLM2's ChatML, written out by hand: no begin-of-text token, each turn closed by <|im_end|>
+    for messages, ids, mask in zip(prompts, batch["input_ids"], batch["attention_mask"], strict=True):
+        system, user = (m["content"] for m in messages)
+        chatml = f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+        assert sim.tokenizer.decode(ids[mask.bool()], clean_up_tokenization_spaces=False) == chatml
+    # the shorter prompt is padded on the left, with the end-of-turn token SmolLM2 declares as its pad
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    shorter, pads = lengths.index(min(lengths)), max(lengths) - min(lengths)
+    assert pads > 0 and sim.tokenizer.pad_token == "<|im_end|>"
+    mask, ids = batch["attention_mask"][shorter], batch["input_ids"][shorter]
+    assert mask[:pads].sum() == 0 and mask[pads:].all()
+    assert set(ids[:pads].tolist()) == {sim.tokenizer.pad_token_id}
+    # greedy answers of the padded batch are each prompt's answer alone
+    assert sim.act(prompts) == [sim.act([p])[0] for p in prompts]
