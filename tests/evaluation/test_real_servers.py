@@ -32,7 +32,7 @@ from flows.cli import app
 from synthetic.bundle import write_bundle
 from tests.evaluation.test_environment import session
 from tests.evaluation.test_evaluate_cli import EFFECT, HEADLINE, SUPPLEMENTARY
-from trainer.config import TinyModelSettings, TrainSettings
+from tests.trainer.test_sft_run import small as small_sft
 from trainer.pretrained import served
 from trainer.run import run_sft
 from transforms.ingest import ingest_bundle
@@ -47,9 +47,6 @@ SMOLLM2_SESSIONS = 2  # 11 recorded steps, each a prompt of ~1,100 tokens to a 1
 API_KEY = "sk-test-never-written-3f9c"
 CHAT = "/v1/chat/completions"
 SERVED_200 = f'"POST {CHAT} HTTP/1.1" 200'  # uvicorn's access-log line for one answered request
-TINY = TinyModelSettings(
-    vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1
-)
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +65,7 @@ def lake(tmp_path_factory) -> Path:
 def trained_checkpoint(lake, tmp_path_factory) -> Path:
     """A tiny model trained by the trainer for a few updates and written by its checkpoint writer."""
     torch.set_num_threads(2)
-    settings = TrainSettings(
-        modes=["single"], steps=6, states_per_update=4, micro_batch_states=2, lr=1e-2, warmup_steps=1,
-        eval_every=0, checkpoint_every=0, eval_max_states=4, eval_split="val", tiny=TINY,
-    )  # fmt: skip
+    settings = small_sft(steps=6, eval_split="val")
     return Path(run_sft(settings, lake, tmp_path_factory.mktemp("sft"), progress=False).checkpoint)
 
 
