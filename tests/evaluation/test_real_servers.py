@@ -151,6 +151,8 @@ def assert_every_session_ended(rollout: Path, spec: str, sessions: int = SESSION
 
 @pytest.mark.timeout(1800)  # a tiny model: 1 min on a quiet machine, several on a crowded one
 def test_openai_simulator_against_transformers_serve(prefect_harness, lake, trained_checkpoint, tmp_path):
+    generation = json.loads((trained_checkpoint / "generation_config.json").read_text())
+    assert (generation["do_sample"], generation["top_k"]) == (True, 0)  # what the served requests sample
     log = tmp_path / "transformers-serve.log"
     max_tokens = 16
     with served(trained_checkpoint, log=log) as server, recording_proxy(server) as (base_url, exchanges):
@@ -169,6 +171,9 @@ def test_openai_simulator_against_transformers_serve(prefect_harness, lake, trai
     kept = [s.raw_output for t in read_traces(rollout) for s in t.steps]
     kept += [r.raw_output for r in read_replay(replayed) if r.unscored_reason is None]
     assert all(kept) and sorted(kept) == sorted(e.content for e in exchanges)
+    # the server sampled as it was asked (temperature 1.0), because the checkpoint's generation config
+    # samples: decoded greedily, this barely trained model answers the same few tokens to every prompt
+    assert len(set(kept)) > 1
     runs = report["runs"][spec]
     assert len(exchanges) == runs["rollout"]["outputs"] + runs["replay"]["outputs"] == len(kept)
     # ... and they reached the server itself: its access log has one answered request for each
