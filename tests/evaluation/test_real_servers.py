@@ -133,7 +133,7 @@ def evaluate(lake: Path, out: Path, specs: list[str], max_new_tokens: int, sessi
 
 
 def validity(rollout: Path, replayed: Path) -> tuple[float, float]:
-    """(RVA, OVA) worked out from the trace files (PROTOCOL.md §5, L0): accepted replay predictions over
+    """(RVA, OVA) worked out from the trace files (PROTOCOL.md §4, L0): accepted replay predictions over
     all scored replay outputs, accepted rollout outputs over all rollout outputs."""
     scored = [row for row in read_replay(replayed) if row.unscored_reason is None]
     steps = [step for trace in read_traces(rollout) for step in trace.steps]
@@ -188,7 +188,7 @@ def test_openai_simulator_against_transformers_serve(prefect_harness, lake, trai
         assert e.request["max_tokens"] == max_tokens
         assert [m["role"] for m in e.request["messages"]] == ["system", "user"]
         assert "## Current observation" in e.request["messages"][1]["content"]
-    # the key goes to the server and nowhere else
+    # the key travels with every request and is written nowhere: not printed, logged or in a file
     assert {e.authorization for e in exchanges} == {f"Bearer {API_KEY}"}
     assert API_KEY not in result.output and API_KEY not in log.read_text()
     assert not [p for p in (tmp_path / "eval").iterdir() if API_KEY in p.read_text()]
@@ -207,7 +207,7 @@ def printed(key: str, value: float | None) -> str:
     return f"{value:.2f}" if key == "TE" else f"{value:.4f}"
 
 
-@pytest.mark.timeout(2400)  # a few minutes on 2 quiet cores, 15 on a crowded machine
+@pytest.mark.timeout(2400)  # under a minute on 2 quiet cores, about 10 on a crowded machine
 def test_untrained_smollm2_is_a_checkpoint_row_of_table_2(prefect_harness, lake, smollm2_folder, tmp_path):
     torch.set_num_threads(2)
     smollm2 = f"checkpoint:{smollm2_folder}"
