@@ -68,14 +68,20 @@ class CheckpointSimulator:
             for text in self.generate(prompts[start : start + size])
         ]
 
-    def generate(self, prompts: Sequence[Messages]) -> list[str]:
-        """One answer per prompt, the batch generated together."""
+    def encode(self, prompts: Sequence[Messages]) -> Any:
+        """The prompts in the model's own chat template, as one left-padded batch of token ids on the
+        model's device. Chat templates write the special tokens a model expects (a begin-of-text token
+        among them), so the tokenizer adds none of its own, as ``apply_chat_template`` itself does."""
         texts = [
             self.tokenizer.apply_chat_template(list(m), tokenize=False, add_generation_prompt=True)
             for m in prompts
         ]
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        batch = batch.to(self.device)
+        return batch.to(self.device)
+
+    def generate(self, prompts: Sequence[Messages]) -> list[str]:
+        """One answer per prompt, the batch generated together."""
+        batch = self.encode(prompts)
         sampled = self.settings.temperature > 0
         sampling = {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
         with self.torch.inference_mode():

@@ -10,6 +10,11 @@ truncated with reason ``error`` and the others go on.
 No ``response_format`` is sent: the evaluation measures whether the model itself answers in the
 protocol's format (L0), which constrained decoding would hide. The client runs on an event loop of
 its own thread, so its connections are kept from one batch to the next.
+
+The request carries temperature, top-p and seed; whether they are honoured is the server's affair.
+vLLM samples whenever the temperature is above 0; ``transformers serve`` samples only when the served
+folder's ``generation_config.json`` says ``do_sample`` (the trainer's checkpoints do), and otherwise
+answers greedily whatever the temperature.
 """
 
 from __future__ import annotations

@@ -213,7 +213,21 @@ def save_model(
     model.save_pretrained(folder, state_dict=weights)
     tokenizer.save_pretrained(folder)
     portable_tokenizer_config(folder / "tokenizer_config.json", tokenizer.chat_template)
+    sampling_by_default(folder / "generation_config.json")
     return folder
+
+
+def sampling_by_default(path: Path) -> None:
+    """Make the saved generation config sample, from the plain distribution (no top-k).
+
+    A server sent a temperature and a top-p keeps the checkpoint's ``do_sample``: ``transformers serve``
+    would answer every request of the evaluation's ``openai:`` simulator greedily, where vLLM samples
+    whenever the temperature is above 0. A request with temperature 0 still decodes greedily, and callers
+    of ``generate`` that pass their own settings are not affected.
+    """
+    if path.is_file():
+        config = json.loads(path.read_text())
+        path.write_text(json.dumps(config | {"do_sample": True, "top_k": 0}, indent=2) + "\n")
 
 
 def portable_tokenizer_config(path: Path, chat_template: str | None) -> None:
