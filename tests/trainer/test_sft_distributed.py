@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -83,7 +82,8 @@ def launch(lake: Path, out: Path, part: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    # a session of its own: on a timeout (ranks waiting on each other) the workers are killed with torchrun
+    # on a timeout (ranks waiting on each other) torchrun is told to stop: it ends its workers, which run in
+    # sessions of their own and would outlive a killed torchrun
     with subprocess.Popen(
         [*command, __file__, str(lake), str(out), part],
         cwd=REPO,
@@ -91,12 +91,12 @@ def launch(lake: Path, out: Path, part: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,
     ) as workers:
         try:
             _, stderr = workers.communicate(timeout=300)
         except subprocess.TimeoutExpired:
-            os.killpg(workers.pid, signal.SIGKILL)
+            workers.terminate()
+            workers.communicate(timeout=60)
             raise
     assert workers.returncode == 0, stderr[-4000:]
 
@@ -178,14 +178,23 @@ def test_a_resumed_two_rank_run_ends_where_the_uninterrupted_one_does(strategy, 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", list(STATES))
 def test_the_checkpoint_is_whole_and_loads_with_from_pretrained(strategy, runs):
-    folder = runs / strategy / "parts" / "checkpoints" / "step-000002"
-    written = load_file(folder / "model.safetensors")
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    assert written.keys() == {name for name, _ in model.named_parameters()}
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(param, written[name], rtol=0, atol=0)
-    summary = json.loads((runs / strategy / "parts" / "summary.json").read_text())
+    run = runs / strategy / "parts"
+    loaded = dict(
+        AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-000002").named_parameters()
+    )
+    # every parameter once and whole, as the ranks last held it (the tied head not written twice)
+    written = final_weights(run)
+    assert written.keys() == loaded.keys()
+    assert all(torch.equal(loaded[name], written[name]) for name in written)
+    # the summary, written by rank 0, counts the held-out states of both ranks' shards
+    summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["held_out_states"]) == (2, HELD_OUT)
+
+
+@pytest.mark.slow
+def test_one_process_refuses_to_resume_a_two_rank_sft_checkpoint(runs, lake):
+    with pytest.raises(ValueError, match="world size is 2, this run's 1"):
+        run_sft(settings("ddp"), lake, runs / "ddp" / "parts", resume=True, progress=False)
 
 
 def test_both_stages_read_the_strategy_from_train_and_optd_keeps_its_old_key():
