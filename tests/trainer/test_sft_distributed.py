@@ -78,14 +78,15 @@ def work(lake: Path, out: Path, part: str) -> None:
     shutdown(world)
 
 
-def launch(lake: Path, out: Path, part: str) -> None:
+def launch(*arguments: str) -> str:
+    """``torchrun`` on two ranks with ``arguments`` (a script and its own); returns what it printed."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("WORLD_SIZE", None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     # on a timeout (ranks waiting on each other) torchrun is told to stop: it ends its workers, which run in
     # sessions of their own and would outlive a killed torchrun
     with subprocess.Popen(
-        [*command, __file__, str(lake), str(out), part],
+        [*command, *arguments],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -93,12 +94,13 @@ def launch(lake: Path, out: Path, part: str) -> None:
         text=True,
     ) as workers:
         try:
-            _, stderr = workers.communicate(timeout=300)
+            stdout, stderr = workers.communicate(timeout=300)
         except subprocess.TimeoutExpired:
             workers.terminate()
             workers.communicate(timeout=60)
             raise
     assert workers.returncode == 0, stderr[-4000:]
+    return stdout
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +112,8 @@ def lake(tmp_path_factory) -> Path:
 def runs(lake, tmp_path_factory) -> Path:
     """Both strategies' two-rank runs: the first part, then the resume in fresh processes."""
     out = tmp_path_factory.mktemp("sftruns")
-    launch(lake, out, "first")
-    launch(lake, out, "rest")
+    launch(__file__, str(lake), str(out), "first")
+    launch(__file__, str(lake), str(out), "rest")
     return out
 
 
@@ -195,6 +197,56 @@ def test_the_checkpoint_is_whole_and_loads_with_from_pretrained(strategy, runs):
 def test_one_process_refuses_to_resume_a_two_rank_sft_checkpoint(runs, lake):
     with pytest.raises(ValueError, match="world size is 2, this run's 1"):
         run_sft(settings("ddp"), lake, runs / "ddp" / "parts", resume=True, progress=False)
+
+
+CLI_CONFIG = """
+[train]
+modes = ["single"]
+steps = 2
+states_per_update = 4
+micro_batch_states = 1
+eval_split = "test"
+eval_max_states = 5
+torch_threads = 1
+strategy = "fsdp"
+
+[train.tiny]
+vocab_size = 512
+hidden_size = 32
+intermediate_size = 64
+num_layers = 2
+num_heads = 2
+num_kv_heads = 1
+"""
+
+
+@pytest.mark.slow
+def test_the_command_line_trains_under_torchrun_with_one_flow_and_one_writer(lake, tmp_path):
+    # the README's launch: rank 0 runs the flow and prints the summary, rank 1 trains beside it
+    (tmp_path / "train.toml").write_text(CLI_CONFIG)
+    out = tmp_path / "run"
+    arguments = [
+        "--lake",
+        str(lake),
+        "--stage",
+        "sft",
+        "--out",
+        str(out),
+        "--config",
+        str(tmp_path / "train.toml"),
+    ]
+    printed = launch("-m", "flows.cli", "train", *arguments)
+    assert printed.count("trained in") == 1
+    folder = out / "checkpoints" / "step-000002"
+    meta = json.loads((folder / "trainer.json").read_text())
+    assert (meta["world_size"], meta["settings"]["strategy"]) == (2, "fsdp")
+    assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(folder)
+    assert [row["step"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [
+        0,
+        1,
+        2,
+        2,
+    ]
 
 
 def test_both_stages_read_the_strategy_from_train_and_optd_keeps_its_old_key():
