@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -124,6 +125,23 @@ def train_flow(
     return summary["checkpoint"]
 
 
+def train_alongside(
+    stage: Stage,
+    lake: Path,
+    out: Path,
+    base: Path | None,
+    settings: TrainSettings,
+    optd: OPTDSettings | None,
+    resume: bool,
+) -> None:
+    """A rank other than 0's part of the run: the stage's training itself, outside Prefect."""
+    paths = str(lake.resolve()), str(out.resolve())
+    if stage == "sft":
+        sft_task.fn(*paths, str(base.resolve()) if base else None, settings, resume)
+    elif base is not None:  # without it rank 0 stops the run with the reason
+        optd_task.fn(*paths, str(base.resolve()), settings, optd, resume)
+
+
 def train_command(
     lake: Annotated[Path, typer.Option("--lake", help="lake folder with the records table")],
     stage: Annotated[str, typer.Option("--stage", help="sft | optd")],
@@ -151,6 +169,13 @@ def train_command(
         raise typer.Exit(1)
     settings = load_settings(TrainSettings, "train", config)
     optd = load_settings(OPTDSettings, "optd", config) if stage == "optd" else None
+    if int(os.environ.get("RANK", "0")) > 0:
+        # under torchrun rank 0 runs the flow (logs, artifact, summary); the others train beside it, quietly
+        try:
+            train_alongside(stage, lake, out, base, settings, optd, resume)  # type: ignore[arg-type]
+        except (FileNotFoundError, ValueError):
+            raise typer.Exit(1) from None  # rank 0 meets the same error and says it
+        return
     started = time.perf_counter()
     try:
         checkpoint = train_flow(

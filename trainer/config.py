@@ -79,6 +79,9 @@ class TrainSettings(BaseSettings):
         False, description="recompute activations in backward (long prompts)"
     )
     torch_threads: int | None = Field(2, ge=1, description="CPU threads for torch (None: torch's default)")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="data parallelism under torchrun, both stages (fsdp: FSDP2, weights sharded)"
+    )
     # --- bookkeeping -------------------------------------------------------------------
     eval_every: int = Field(20, ge=0, description="held-out loss every N updates (0: only at the end)")
     checkpoint_every: int = Field(20, ge=0, description="checkpoint every N updates (0: only at the end)")

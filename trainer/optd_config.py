@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
+    from trainer.config import TrainSettings
     from trainer.generation import SamplingSettings
     from trainer.objective import ObjectiveSettings
 
@@ -33,7 +34,9 @@ class OPTDSettings(BaseModel):
         8, ge=0, description="intent-bearing train states (the last by key) kept out to measure the objective"
     )
     generator: Literal["hf", "vllm"] = Field("hf", description="vllm: GPU and the optional extra only")
-    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism under torchrun")
+    strategy: Literal["ddp", "fsdp"] | None = Field(
+        None, description="read from [train] strategy (both stages); set here, it must agree with it"
+    )
 
     def objective(self) -> ObjectiveSettings:
         from trainer.objective import ObjectiveSettings  # torch loads with a run, not with the settings
@@ -50,3 +53,14 @@ class OPTDSettings(BaseModel):
         from trainer.generation import SamplingSettings
 
         return SamplingSettings(self.temperature, self.top_p, self.max_new_tokens)
+
+    def train_settings(self, train: TrainSettings) -> TrainSettings:
+        """``train`` with this section's ``strategy`` where it names one (the key's home is ``[train]``)."""
+        if self.strategy is None or self.strategy == train.strategy:
+            return train
+        if "strategy" in train.model_fields_set:
+            raise ValueError(
+                f"[optd] strategy = {self.strategy!r} contradicts [train] strategy = {train.strategy!r}: "
+                "both stages read it from [train]; set it there only"
+            )
+        return train.model_copy(update={"strategy": self.strategy})

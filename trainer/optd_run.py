@@ -22,9 +22,9 @@ from tqdm.auto import tqdm
 
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
 from trainer.data import StateSampler, power_law_weights
-from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
+from trainer.distributed import World, unsharded
 from trainer.generation import Generated, Generator, HFGenerator, VLLMGenerator, check_on_policy
-from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, adam, autocast, schedule
+from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, autocast
 from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
     HiddenStates,
@@ -36,7 +36,7 @@ from trainer.optd import (
 )
 from trainer.optd_config import OPTDSettings
 from trainer.responses import record_screens_for, response_shares, seeded
-from trainer.run import SftRun, prepare_sft_run
+from trainer.run import SftRun, prepare_sft_run, with_sums_over_ranks
 
 if TYPE_CHECKING:
     from evaluation.executable import RecordScreens
@@ -131,10 +131,11 @@ def build_generator(run_base: SftRun, optd: OPTDSettings, checkpoint: Path) -> G
 def prepare_optd(
     settings: TrainSettings, optd: OPTDSettings, lake: str | Path, out: Path, sft: Path, start: Path
 ) -> OPTDRun:
-    """Student from ``start`` (the SFT checkpoint, or the one resumed), frozen teacher from ``sft``."""
-    world = init_world()
-    check_shards(world, optd.strategy, settings.states_per_update, settings.micro_batch_states)
+    """Student from ``start`` (the SFT checkpoint, or the one resumed), frozen teacher from ``sft``; the
+    student's wrapping for data parallelism, its optimiser and schedule are the SFT run's."""
+    settings = optd.train_settings(settings)
     base = prepare_sft_run(settings, lake, out, start)
+    world = base.world
     if world.rank > 0:  # each rank samples its own states with its own noise
         torch.manual_seed(settings.seed + world.rank)
     teacher_lm, teacher_tokenizer = load_pretrained(sft)
@@ -148,19 +149,7 @@ def prepare_optd(
     weights = None
     if settings.class_resampling_alpha is not None:
         weights = power_law_weights([s.record.action for s in train_states], settings.class_resampling_alpha)
-    student = HiddenStates(base.model)
-    device = device_for(world, base.trainer.device)
-    wrapped = wrap(student, world, optd.strategy, device)
-    # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
-    optimizer = adam(base.model, settings.lr, settings.adam_betas, settings.adam_eps)
-    trainer = Trainer(
-        wrapped,
-        optimizer,
-        schedule(optimizer, settings.warmup_steps, settings.steps),
-        clip=settings.clip_grad_norm,
-        device=device,
-        bf16=settings.bf16,
-    )
+    student = base.body
     teacher_head = tuple(t.detach() if t is not None else None for t in teacher.head())
     objective = OPTDObjective(
         student.head, teacher_head, len(base.tokenizer), optd.objective(), optd.chunk_size
@@ -178,7 +167,7 @@ def prepare_optd(
         world,
         teacher,
         student,
-        trainer,
+        base.trainer,
         objective,
         build_generator(base, optd, start),
         train_states,
@@ -225,18 +214,9 @@ def optd_update(run: OPTDRun) -> tuple[StepReport, dict[str, Any]]:
 
 def with_global_sums(report: StepReport, run: OPTDRun, sampled: int) -> StepReport:
     """The step's loss and parts over all ranks' states (each rank reported its own share)."""
-    world = run.world
-    report.parts["sampled_tokens"] = float(sampled)
-    if world.active:
-        # sampled tokens are a plain count: summed over ranks, then multiplied back by the division below
-        report.parts["sampled_tokens"] *= world.size
-        local = {"loss": report.loss, **report.parts, "tokens": float(report.tokens)}
-        # each rank's values are its sums / (global / world): summed and divided by world, the global mean
-        summed = sum_over_ranks(local, world, run.device)
-        report.loss = summed.pop("loss") / world.size
-        report.tokens = int(summed.pop("tokens"))
-        report.parts = {k: v / world.size for k, v in summed.items()}
-    return report
+    # sampled tokens are a plain count: multiplied by the ranks here, summed over them, divided back there
+    report.parts["sampled_tokens"] = float(sampled * run.world.size)
+    return with_sums_over_ranks(report, run.world, run.device)
 
 
 def run_optd(

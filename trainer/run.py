@@ -4,6 +4,9 @@
 evaluation (kind ``eval``: the held-out loss, and the shares of responses sampled from a fixed
 seed that parse and that are executable on their records' screens, rejection reasons counted);
 ``OUT/summary.json`` says what went in and what came out.
+Under ``torchrun`` each rank trains on its shard of every update and scores its shard of
+the held-out states (DDP or FSDP2, ``strategy``; the OPTD run is wired the same way, by
+``prepare_sft_run``); rank 0 writes.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from trainer.data import (
     load_records,
     power_law_weights,
 )
+from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
 from trainer.generation import HFGenerator, SamplingSettings
 from trainer.loop import (
-    LossSums,
     MetricsLog,
     PhaseTimer,
+    StepReport,
     Trainer,
     adam,
     autocast,
@@ -49,8 +53,9 @@ from trainer.models import (
     tokenizer_fingerprint,
     train_tokenizer,
 )
+from trainer.optd import HiddenStates
 from trainer.responses import record_screens_for, response_shares, seeded
-from trainer.sft import held_out_loss, sft_loss
+from trainer.sft import SFTObjective, held_out_loss
 
 if TYPE_CHECKING:
     from evaluation.executable import RecordScreens
@@ -77,15 +82,22 @@ class TrainSummary:
 
 @dataclass
 class SftRun:
-    """Everything one run holds: the model, its states, the sampler and the optimiser."""
+    """Everything one run holds: the model, its states, the sampler and the optimiser.
+
+    ``trainer.model`` is ``body`` made ready for data parallelism (DDP, or ``body`` itself sharded
+    by FSDP2); ``body`` is the decoder without the LM head, whose weights ``body.head`` gives whole.
+    """
 
     settings: TrainSettings
     out: Path
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     states: list[EncodedState]
-    eval_batches: list[Batch]
+    eval_batches: list[Batch]  # this rank's shard of the held-out states
+    held_out_states: int  # over all ranks
     sampler: StateSampler
+    world: World
+    body: HiddenStates
     trainer: Trainer
     meta: dict[str, Any]  # what every checkpoint records besides the step and the sampler
     left_out: Counter[str]
@@ -97,22 +109,33 @@ class SftRun:
     def vocab(self) -> int:
         return len(self.tokenizer)
 
-    def loss(self, model: PreTrainedModel, batch: Batch) -> LossSums:
-        return sft_loss(model, batch, self.vocab)
-
     def next_update(self) -> tuple[list[Batch], int]:
-        """The next update's micro-batches and its number of states."""
+        """This rank's micro-batches of the next update, and the update's number of states (all ranks)."""
         chosen = [self.states[i] for i in self.sampler.take(self.settings.states_per_update)]
         size, device = self.settings.micro_batch_states, self.trainer.device
-        return micro_batches(chosen, size, self.tokenizer, device), len(chosen)
+        return micro_batches(self.world.shard(chosen), size, self.tokenizer, device), len(chosen)
+
+    def update(self, timer: PhaseTimer) -> StepReport:
+        """One update, its loss the mean over all ranks' states."""
+        with timer.phase("data"):
+            batches, n_states = self.next_update()
+        objective = SFTObjective(self.body.head, self.vocab, last=batches[-1])
+        report = self.trainer.step(batches, objective, self.world.divisor(n_states), timer=timer)
+        return with_sums_over_ranks(report, self.world, self.trainer.device)
 
     def held_out(self) -> dict[str, Any]:
-        """One eval row's values: the held-out loss and the sampled responses' report."""
-        loss = held_out_loss(self.model, self.eval_batches, self.vocab) if self.eval_batches else None
+        """One eval row's values: the held-out loss (each rank scores its shard of the states, summed
+        over the ranks) and the sampled responses' report."""
+        loss = None
+        if self.held_out_states:
+            loss = held_out_loss(self.body, self.eval_batches, self.vocab, self.world, self.trainer.device)
         return {"held_out_loss": loss, **(self.held_out_responses() or {})}
 
     def held_out_responses(self) -> dict[str, Any] | None:
-        """Responses sampled from a fixed seed on ``sample_states``, judged on their screens."""
+        """Responses sampled from a fixed seed on ``sample_states``, judged on their screens.
+
+        Every rank samples the same responses (same weights, same seed) with the weights gathered once
+        under FSDP2; rank 0 writes the report."""
         if not self.sample_states:
             return None
         records = [s.record for s in self.sample_states]
@@ -121,14 +144,29 @@ class SftRun:
         sampling = SamplingSettings(max_new_tokens=self.settings.eval_max_new_tokens)
         generator = HFGenerator(self.model, self.tokenizer, sampling)
         device = self.trainer.device
-        with seeded(self.settings.seed, device), autocast(device, self.settings.bf16):
+        with unsharded(self.body), seeded(self.settings.seed, device), autocast(device, self.settings.bf16):
             responses = generator.generate([s.prompt_ids for s in self.sample_states]).response_ids
         return response_shares(self.tokenizer, records, responses, self.screens)
 
-    def checkpoint(self, step: int) -> Path:
+    def checkpoint(self, step: int) -> Path | None:
+        """Every rank calls it (sharded weights and optimizer state are gathered together); rank 0 writes."""
         t, meta = self.trainer, {**self.meta, "sampler": self.sampler.state_dict()}
         parts = (self.model, self.tokenizer, t.optimizer, t.scheduler)
-        return save_checkpoint(self.out, step, *parts, meta, keep=self.settings.keep_checkpoints)
+        keep = self.settings.keep_checkpoints
+        return save_checkpoint(self.out, step, *parts, meta, keep=keep, world=self.world)
+
+
+def with_sums_over_ranks(report: StepReport, world: World, device: torch.device) -> StepReport:
+    """The step's loss and parts over all ranks' states (each rank reported its own share)."""
+    if not world.active:
+        return report
+    local = {"loss": report.loss, **report.parts, "tokens": float(report.tokens)}
+    # each rank's values are its sums / (global / world): summed and divided by world, the global mean
+    summed = sum_over_ranks(local, world, device)
+    report.loss = summed.pop("loss") / world.size
+    report.tokens = int(summed.pop("tokens"))
+    report.parts = {k: v / world.size for k, v in summed.items()}
+    return report
 
 
 def pick_device(name: str) -> torch.device:
@@ -162,8 +200,11 @@ def settings_json(settings: TrainSettings) -> dict[str, Any]:
 def prepare_sft_run(
     settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None
 ) -> SftRun:
-    """Seed, read and encode the states, build or load the model, the sampler and the optimiser."""
-    device = pick_device(settings.device)
+    """Seed, read and encode the states, build or load the model, wrap it for data parallelism under
+    ``torchrun`` (``settings.strategy``), build the sampler and the optimiser."""
+    world = init_world()
+    check_shards(world, settings.strategy, settings.states_per_update, settings.micro_batch_states)
+    device = device_for(world, pick_device(settings.device))
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     seed_everything(settings.seed)
@@ -182,9 +223,12 @@ def prepare_sft_run(
     weights = None
     if settings.class_resampling_alpha is not None:
         weights = power_law_weights([s.record.action for s in states], settings.class_resampling_alpha)
+    body = HiddenStates(model)
+    wrapped = wrap(body, world, settings.strategy, device)
+    # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
     optimizer = adam(model, settings.lr, settings.adam_betas, settings.adam_eps)
     trainer = Trainer(
-        model,
+        wrapped,
         optimizer,
         schedule(optimizer, settings.warmup_steps, settings.steps),
         clip=settings.clip_grad_norm,
@@ -192,16 +236,18 @@ def prepare_sft_run(
         bf16=settings.bf16,
     )
     digest = data_hash(states, tokenizer_fingerprint(tokenizer))
+    eval_states = eval_states[: settings.eval_max_states]
     return SftRun(
         settings=settings,
         out=out,
         model=model,
         tokenizer=tokenizer,
         states=states,
-        eval_batches=micro_batches(
-            eval_states[: settings.eval_max_states], settings.micro_batch_states, tokenizer, device
-        ),
+        eval_batches=micro_batches(world.shard(eval_states), settings.micro_batch_states, tokenizer, device),
+        held_out_states=len(eval_states),
         sampler=StateSampler(len(states), settings.seed, weights),
+        world=world,
+        body=body,
         trainer=trainer,
         meta={"stage": "sft", "settings": settings_json(settings), "data_hash": digest},
         left_out=left_out + dropped,
@@ -213,8 +259,8 @@ def prepare_sft_run(
 def restore(run: SftRun, folder: Path) -> int:
     """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns its step."""
     meta = read_meta(folder)
-    check_resumable(meta, run.meta["settings"], run.meta["data_hash"])
-    restore_training_state(folder, run.model, run.trainer.optimizer, run.trainer.scheduler)
+    check_resumable(meta, run.meta["settings"], run.meta["data_hash"], run.world.size)
+    restore_training_state(folder, run.model, run.trainer.optimizer, run.trainer.scheduler, run.world)
     run.sampler.load_state_dict(meta["sampler"])
     run.trainer.updates = meta["step"]
     run.meta["held_out_loss_start"] = meta["held_out_loss_start"]
@@ -244,21 +290,28 @@ def run_sft(
     if base is not None:
         run.meta["base"] = str(base)
     start = restore(run, resume_from) if resume_from else 0
-    metrics = MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
+    # one writer: the other ranks' updates are the same update, and their file would race rank 0's
+    metrics = (
+        MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
+        if run.world.is_main
+        else None
+    )
     if start == 0:
         evaluation = run.held_out()
         run.meta["held_out_loss_start"] = evaluation["held_out_loss"]
-        metrics.write({"kind": "eval", "step": 0, **evaluation})
+        if metrics:
+            metrics.write({"kind": "eval", "step": 0, **evaluation})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     train_updates(run, metrics, start, end, progress)
-    evaluations = [row for row in metrics.rows() if row["kind"] == "eval"]
+    rows = metrics.rows() if metrics else []
+    evaluations = [row for row in rows if row["kind"] == "eval"]
     responses = [{k: v for k, v in row.items() if k not in LOSS_ROW_KEYS} for row in evaluations]
     summary = TrainSummary(
-        checkpoint=str(run.checkpoint(end)),
+        checkpoint=str(run.checkpoint(end) or ""),
         steps=end,
-        skipped_steps=sum(row["skipped"] for row in metrics.rows() if row["kind"] == "train"),
+        skipped_steps=sum(row["skipped"] for row in rows if row["kind"] == "train"),
         train_states=len(run.states),
-        held_out_states=sum(b.n_states for b in run.eval_batches),
+        held_out_states=run.held_out_states,
         held_out_loss_start=run.meta["held_out_loss_start"],
         held_out_loss_end=evaluations[-1]["held_out_loss"] if evaluations else None,
         left_out=dict(run.left_out),
@@ -266,24 +319,26 @@ def run_sft(
         held_out_responses_start=(responses[0] or None) if responses else None,
         held_out_responses_end=(responses[-1] or None) if responses else None,
     )
-    (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    if run.world.is_main:
+        (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return summary
 
 
-def train_updates(run: SftRun, metrics: MetricsLog, start: int, end: int, progress: bool) -> None:
-    """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints."""
+def train_updates(run: SftRun, metrics: MetricsLog | None, start: int, end: int, progress: bool) -> None:
+    """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints
+    (every rank runs them; rank 0, the one with ``metrics``, writes)."""
     s = run.settings
-    bar = tqdm(total=s.steps, initial=start, disable=not progress, desc="sft", unit="update")
+    bar = tqdm(total=s.steps, initial=start, disable=not (progress and metrics), desc="sft", unit="update")
     for step in range(start + 1, end + 1):
-        timer = PhaseTimer(run.trainer.device)
-        with timer.phase("data"):
-            batches, n_states = run.next_update()
-        report = run.trainer.step(batches, run.loss, n_states=n_states, timer=timer)
-        metrics.write({"kind": "train", **report.as_json()})
+        report = run.update(PhaseTimer(run.trainer.device))
+        if metrics:
+            metrics.write({"kind": "train", **report.as_json()})
         bar.update(1)
         bar.set_postfix(loss=f"{report.loss:.3f}", lr=f"{report.lr:.2e}")
         if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
-            metrics.write({"kind": "eval", "step": step, **run.held_out()})
+            evaluation = run.held_out()
+            if metrics:
+                metrics.write({"kind": "eval", "step": step, **evaluation})
         if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
             run.checkpoint(step)
     bar.close()
