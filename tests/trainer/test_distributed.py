@@ -6,15 +6,14 @@ on this rank's shard and rank 0 saves the parameters.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.trainer.torchrun import two_ranks
+
 RESPONSE_LENGTHS = (5, 9, 4, 6)
 # DDP: 3 states, uneven over two ranks (2 + 1): the divisor must be the global count, not the local one.
 # FSDP2 gathers weights at every forward, so every rank must run as many micro-batches: 4 states.
@@ -82,27 +81,12 @@ def one_update(out: Path, strategy: str) -> dict[str, dict[str, torch.Tensor]]:
     return {"initial": initial, "updated": params}
 
 
-def launch(strategy: str, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    return subprocess.run(
-        [*command, __file__, str(out), strategy],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_gloo_ranks_make_the_single_process_update(strategy, tmp_path):
     single_process = one_update(tmp_path / "alone.pt", strategy)
     out = tmp_path / "params.pt"
-    result = launch(strategy, out)
-    assert result.returncode == 0, result.stderr[-4000:]
+    two_ranks(__file__, str(out), strategy, timeout=180)
     ranks, alone = torch.load(out), single_process["updated"]
     assert ranks.keys() == alone.keys()
     moved = max(float((alone[k] - single_process["initial"][k]).abs().max()) for k in alone)

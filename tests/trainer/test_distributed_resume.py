@@ -8,8 +8,6 @@ The file is also the workers' script: ``torchrun ... test_distributed_resume.py 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,10 +17,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from tests.trainer.test_optd import optd_settings, train_settings, write_lake
+from tests.trainer.torchrun import two_ranks
 from trainer.optd_run import run_optd
 from trainer.run import run_sft
 
-REPO = Path(__file__).resolve().parents[2]
 # DDP: 3 states shared unevenly (2 + 1); FSDP2 needs as many forwards on every rank: 4 states, 2 each
 STATES = {"ddp": 3, "fsdp": 4}
 UNEVEN_IDS = torch.arange(1, 9).view(1, 8)
@@ -77,21 +75,6 @@ def work(lake: Path, base: Path, out: Path, part: str) -> None:
     shutdown(world)
 
 
-def launch(lake: Path, base: Path, out: Path, part: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    result = subprocess.run(
-        [*command, __file__, str(lake), str(base), str(out), part],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-
-
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
     return write_lake(tmp_path_factory.mktemp("resumelake"))
@@ -109,11 +92,11 @@ def base(lake, tmp_path_factory) -> Path:
 def runs(lake, base, tmp_path_factory) -> Path:
     """Both strategies' runs: the first part, then the resume in fresh processes (a stopped job restarted)."""
     out = tmp_path_factory.mktemp("runs")
-    launch(lake, base, out, "first")
+    two_ranks(__file__, str(lake), str(base), str(out), "first")
     for strategy in STATES:
         stopped = out / strategy / "parts" / "checkpoints" / "step-000001"
         assert json.loads((stopped / "trainer.json").read_text())["world_size"] == 2
-    launch(lake, base, out, "rest")
+    two_ranks(__file__, str(lake), str(base), str(out), "rest")
     return out
 
 

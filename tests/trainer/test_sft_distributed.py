@@ -8,8 +8,6 @@ The file is also the workers' script: ``torchrun ... test_sft_distributed.py LAK
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +18,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.trainer.test_distributed_resume import REPO, rows
+from tests.trainer.test_distributed_resume import rows
 from tests.trainer.test_optd import train_settings, write_lake
+from tests.trainer.torchrun import two_ranks
 from trainer.data import load_records
 from trainer.loop import seed_everything
 from trainer.run import run_sft, starting_model
@@ -78,31 +77,6 @@ def work(lake: Path, out: Path, part: str) -> None:
     shutdown(world)
 
 
-def launch(*arguments: str) -> str:
-    """``torchrun`` on two ranks with ``arguments`` (a script and its own); returns what it printed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    env.pop("WORLD_SIZE", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    # on a timeout (ranks waiting on each other) torchrun is told to stop: it ends its workers, which run in
-    # sessions of their own and would outlive a killed torchrun
-    with subprocess.Popen(
-        [*command, *arguments],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as workers:
-        try:
-            stdout, stderr = workers.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            workers.terminate()
-            workers.communicate(timeout=60)
-            raise
-    assert workers.returncode == 0, stderr[-4000:]
-    return stdout
-
-
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory) -> Path:
     return write_lake(tmp_path_factory.mktemp("sftlake"))
@@ -112,8 +86,8 @@ def lake(tmp_path_factory) -> Path:
 def runs(lake, tmp_path_factory) -> Path:
     """Both strategies' two-rank runs: the first part, then the resume in fresh processes."""
     out = tmp_path_factory.mktemp("sftruns")
-    launch(__file__, str(lake), str(out), "first")
-    launch(__file__, str(lake), str(out), "rest")
+    two_ranks(__file__, str(lake), str(out), "first")
+    two_ranks(__file__, str(lake), str(out), "rest")
     return out
 
 
@@ -235,7 +209,7 @@ def test_the_command_line_trains_under_torchrun_with_one_flow_and_one_writer(lak
         "--config",
         str(tmp_path / "train.toml"),
     ]
-    printed = launch("-m", "flows.cli", "train", *arguments)
+    printed = two_ranks("-m", "flows.cli", "train", *arguments)
     assert printed.count("trained in") == 1
     folder = out / "checkpoints" / "step-000002"
     meta = json.loads((folder / "trainer.json").read_text())
