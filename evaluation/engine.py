@@ -177,7 +177,8 @@ def roll_out(
     with path.open("a", encoding="utf-8") as handle:
         writer = TraceWriter(handle, source)
         if isinstance(simulator, ConcurrentSimulator):
-            outputs = simulator.run(drive_concurrently(waiting, s, simulator, writer))
+            longest_first = deque(sorted(waiting, key=lambda x: len(x.steps), reverse=True))
+            outputs = simulator.run(drive_concurrently(longest_first, s, simulator, writer))
         else:
             outputs = drive_in_batches(waiting, s, simulator, writer, batch_size)
     return RolloutSummary(str(path), writer.written, resumed, outputs)
@@ -209,7 +210,11 @@ async def drive_concurrently(
     simulator: ConcurrentSimulator,
     writer: TraceWriter,
 ) -> int:
-    """As many episodes in flight as the simulator's concurrency, each stepping on its own answer."""
+    """As many episodes in flight as the simulator's concurrency, each stepping on its own answer.
+
+    ``waiting`` comes longest recorded session first: a long episode started last would run on alone
+    at the end, with the endpoint's other slots idle (its real length is the best guess of its
+    simulated one)."""
     outputs = 0
 
     async def episodes() -> None:

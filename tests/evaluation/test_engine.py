@@ -191,3 +191,17 @@ def test_a_concurrent_simulator_steps_each_episode_on_its_own_answer(tmp_path):
     endings = [t.termination_reason for t in read_traces(path)]
     assert sorted(endings) == ["end"] * 6 + ["error"] * 2
     assert roll_out(sessions(8), OneAtATime(), path, source="remote").resumed == 8
+
+
+def test_a_concurrent_simulator_starts_the_longest_recorded_sessions_first(tmp_path):
+    from dataclasses import replace
+
+    # one slot: episodes run one after another, so the trace file's order is the order they started
+    simulator = OneAtATime()
+    simulator.concurrency = 1
+    base = session()
+    lengths = {"short": 1, "long": len(base.steps), "middle": 2}
+    waiting = [replace(base, session_id=name, steps=base.steps[:n]) for name, n in lengths.items()]
+    assert len(base.steps) > 2
+    roll_out(waiting, simulator, tmp_path / "t.jsonl", source="remote")
+    assert [t.session_id for t in read_traces(tmp_path / "t.jsonl")] == ["long", "middle", "short"]
