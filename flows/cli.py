@@ -35,7 +35,7 @@ def config_option(*sections: str) -> object:
 
 IngestConfig = Annotated[Path | None, config_option("ingest")]
 RecordsConfig = Annotated[Path | None, config_option("records")]
-RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract")]
+RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract", "train", "optd", "main_job")]
 
 
 def stopped(err: Exception) -> typer.Exit:
@@ -265,14 +265,14 @@ def run(
     print_extract_summary(console, result["extract"])
     print_records_summary(console, result["records"])
     catalog = (lake / "warehouse.duckdb").resolve()
-    console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}")
+    console.print(f"\n[bold]lake:[/bold] {lake.resolve()}   [bold]catalog:[/bold] {catalog}", soft_wrap=True)
     console.print(f'try: trajforge sql --lake {lake} "SELECT * FROM action_mix()"')
     console.print(f"[bold]SFT teacher:[/bold] {result['teacher']}")
     console.print(f"[bold]checkpoint (OPTD):[/bold] {result['checkpoint']}")
     evaluation = result["evaluation"]
-    console.print(
-        f"[bold]evaluation report:[/bold] {evaluation['html']}   [bold]figures:[/bold] {evaluation['json']}"
-    )
+    # paths on lines of their own, never wrapped: a terminal narrower than a path must not break it
+    console.print(f"[bold]evaluation report:[/bold] {evaluation['html']}", soft_wrap=True)
+    console.print(f"[bold]figures:[/bold] {evaluation['json']}", soft_wrap=True)
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
 
 
@@ -339,7 +339,8 @@ def evaluate(
                                sampling, batch_size, effect, effect_users)  # fmt: skip
     except ValueError as err:
         raise stopped(err) from None
-    console.print(f"[bold]report:[/bold] {result['html']}   [bold]figures:[/bold] {result['json']}")
+    console.print(f"[bold]report:[/bold] {result['html']}", soft_wrap=True)
+    console.print(f"[bold]figures:[/bold] {result['json']}", soft_wrap=True)
 
 
 @app.command()
