@@ -119,6 +119,14 @@ def canvas(width: float, height: float) -> tuple[Figure, Axes]:
     return figure, figure.subplots()
 
 
+def left_out_text(left_out: Mapping[str, int]) -> str:
+    """``{"truncated": 3}`` as "3 (truncated 3)"; nothing left out as "none"."""
+    if not left_out:
+        return "none"
+    reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(left_out.items()))
+    return f"{sum(left_out.values()):,} ({reasons})"
+
+
 def png(figure: Figure) -> str:
     """The figure as a base64 PNG."""
     buffer = io.BytesIO()
@@ -157,7 +165,8 @@ def grouped_bars(
         axes.set_xticks(positions, labels)
         axes.set_ylabel(ylabel)
     axes.set_title(title)
-    axes.legend()
+    # beside the axes, not on them: with several sources a legend inside covers the tallest bars
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     axes.grid(axis="x" if horizontal else "y", alpha=0.3)
     return png(figure)
 
@@ -371,8 +380,8 @@ def render_html(report: Mapping[str, Any], dists: Mapping[str, Distributions]) -
         f"<h1>Simulator evaluation: {html.escape(str(report['lake']))}</h1>",
         f"<p>Split: {html.escape(report['split'])}.</p>",
         f"<p>{real['sessions']} real sessions; cut sessions left out: "
-        f"{html.escape(json.dumps(real['cut_sessions_left_out']))}. Directions: {HIGHER} higher is better, "
-        f"{LOWER} lower is better; 4 decimals, TE 2.</p>",
+        f"{html.escape(left_out_text(real['cut_sessions_left_out']))}. "
+        f"Directions: {HIGHER} higher is better, {LOWER} lower is better; 4 decimals, TE 2.</p>",
         "<h2>Comparison (Table 2)</h2>",
         table2_html(simulators),
         "<h2>A/B effect fidelity (Table 3)</h2>",

@@ -64,3 +64,13 @@ def test_the_artifact_is_table_2_with_where_the_report_is(tmp_path):
     )
     assert lines[3].startswith("| markov | 0.5000 | – | – | – | – | 2.00 |")
     assert lines[-1] == f"Full report: `{(tmp_path / 'report.html').resolve()}`"
+
+
+def test_the_sessions_left_out_are_counted_in_words():
+    from evaluation.report import left_out_text
+
+    assert left_out_text({}) == "none"
+    # 3 + 1200 = 1,203 sessions, reasons in alphabetical order
+    assert left_out_text({"truncated": 3, "after_rejected_event": 1200}) == (
+        "1,203 (after_rejected_event 1,200, truncated 3)"
+    )
