@@ -58,21 +58,11 @@ from synthetic import taxonomy as tx
 from synthetic.catalog import WorldCatalog
 from synthetic.feeds import PX_STEP, FeedParams, Feeds
 from transforms.config import Geometry
-from transforms.schemas import ACTIONS
+from transforms.schemas import ACTIONS, IPV_ACTIONS
 
 A = {name: code for code, name in enumerate(ACTIONS)}
 # Detail-page actions the policy chooses among (``end`` is decided by the budget).
-IPV_CHOICES = (
-    "ipv_scroll_down",
-    "ipv_scroll_up",
-    "ipv_swipe_pic",
-    "ipv_click_param",
-    "ipv_enter_comment",
-    "ipv_click_comment",
-    "ipv_cart",
-    "ipv_buy",
-    "back_home",
-)
+IPV_CHOICES = tuple(name for name in IPV_ACTIONS if name != "end")
 IPV_CODES = np.array([A[name] for name in IPV_CHOICES], dtype=np.int8)
 UI_STATES = ("main", "params", "comments")
 INLINE_REVIEWS = 2  # reviews shown in the page's review block

@@ -9,22 +9,14 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from transforms.schemas import IPV_ACTIONS
+
 FEED_VIEWPORT = 693  # PROTOCOL.md reference geometry
 IPV_VIEWPORT = 837
 MAX_FEED_SCROLL = 694
 MAX_IPV_SCROLL = 837
 FEED_ONLY = ("scroll_down", "scroll_up", "click")
-IPV_ONLY = (
-    "ipv_scroll_down",
-    "ipv_scroll_up",
-    "ipv_swipe_pic",
-    "ipv_click_param",
-    "ipv_enter_comment",
-    "ipv_click_comment",
-    "ipv_cart",
-    "ipv_buy",
-    "back_home",
-)
+IPV_ONLY = tuple(a for a in IPV_ACTIONS if a != "end")  # "end" is legal on both screens
 SCROLLS = ("scroll_down", "scroll_up", "ipv_scroll_down", "ipv_scroll_up")
 
 
