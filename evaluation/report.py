@@ -16,7 +16,7 @@ import base64
 import html
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,6 +268,26 @@ def alignment_sources(report: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]
     return {REAL: reference["real"], **{spec: f["decision_alignment"] for spec, f in simulators}}
 
 
+ALIGNMENT_HEAD = (
+    *(f"{key.replace('_', ' ')} {HIGHER}" for key, _ in ALIGNMENT),
+    "sessions with a purchase",
+    "sessions without",
+)
+
+
+def alignment_rows(sources: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """One row per source: its alignment rates (4 decimals) and its two session counts."""
+    return [
+        [
+            source,
+            *(figure_text(key, f[key]) for key, _ in ALIGNMENT),
+            str(f["purchase_sessions"]),
+            str(f["no_purchase_sessions"]),
+        ]
+        for source, f in sources.items()
+    ]
+
+
 def alignment_figure(sources: Mapping[str, Mapping[str, Any]]) -> str:
     shares = {source: np.array([f[key] for key, _ in ALIGNMENT]) for source, f in sources.items()}
     labels = [f"{key.replace('_', ' ')}\n({what})" for key, what in ALIGNMENT]
@@ -293,16 +313,26 @@ def table3_rows(simulators: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
     ]
 
 
-def comparison_markdown(simulators: Mapping[str, Mapping[str, Any]], html_path: str | Path) -> str:
-    """Table 2 as markdown, with where the full report is (the Prefect artifact)."""
-    head = "| simulator | " + " | ".join(f"{level} {key} {arrow}" for level, key, arrow in TABLE2) + " |"
-    rule = "|---" * (len(TABLE2) + 1) + "|"
-    rows = ["| " + " | ".join(row) + " |" for row in table2_rows(simulators)]
-    effect = ["| simulator | effect ratio | effect error ↓ | 95 % interval |", "|---|---|---|---|"]
-    effect += ["| " + " | ".join(row) + " |" for row in table3_rows(simulators)]
-    return "\n".join(
-        ["# Evaluation", head, rule, *rows, "", *effect, "", f"Full report: `{Path(html_path).resolve()}`"]
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def comparison_markdown(report: Mapping[str, Any], html_path: str | Path) -> str:
+    """Tables 2 and 3 and, on a lake with a world, the decision alignment, as markdown, with where the
+    full report is (the Prefect artifact)."""
+    simulators = report["simulators"]
+    table2 = markdown_table(
+        ["simulator", *(f"{level} {key} {arrow}" for level, key, arrow in TABLE2)], table2_rows(simulators)
     )
+    table3 = markdown_table(
+        ["simulator", "effect ratio", "effect error ↓", "95 % interval"], table3_rows(simulators)
+    )
+    alignment = []
+    if sources := alignment_sources(report):
+        alignment = [*markdown_table(["source", *ALIGNMENT_HEAD], alignment_rows(sources)), ""]
+    full = f"Full report: `{Path(html_path).resolve()}`"
+    return "\n".join(["# Evaluation", *table2, "", *table3, "", *alignment, full])
 
 
 def _html_table(head: list[str], rows: list[list[str]], header_rows: str = "") -> str:
@@ -334,23 +364,13 @@ def alignment_html(report: Mapping[str, Any]) -> str:
     if not sources:
         reason = reference.get("unavailable", "no decision alignment was computed")
         return f'<p class="note">No decision alignment: {html.escape(reason)}</p>'
-    head = ["source", *(f"{key.replace('_', ' ')} {HIGHER}" for key, _ in ALIGNMENT)]
-    head += ["sessions with a purchase", "sessions without"]
-    rows = [
-        [
-            source,
-            *(figure_text(key, f[key]) for key, _ in ALIGNMENT),
-            str(f["purchase_sessions"]),
-            str(f["no_purchase_sessions"]),
-        ]
-        for source, f in sources.items()
-    ]
     note = (
         f"A purchase (a cart or a buy) is aligned when the item is acceptable, a session without one when "
         f"nothing acceptable was shown; {reference['acceptable']}; shown: {reference['shown']}. The real "
         "sessions are the world's own shoppers: the row to reach."
     )
-    return _html_table(head, rows) + f'<p class="note">{html.escape(note)}</p>'
+    table = _html_table(["source", *ALIGNMENT_HEAD], alignment_rows(sources))
+    return table + f'<p class="note">{html.escape(note)}</p>'
 
 
 STYLE = """

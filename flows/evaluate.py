@@ -130,7 +130,7 @@ def report(out: str, content: dict[str, Any], traces: dict[str, str]) -> dict[st
     paths = write_report(out, content, traces)
     create_markdown_artifact(
         key="evaluation-report",
-        markdown=comparison_markdown(content["simulators"], paths["html"]),
+        markdown=comparison_markdown(content, paths["html"]),
         description=f"evaluation report: {paths['html']}",
     )
     return paths

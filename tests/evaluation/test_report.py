@@ -57,13 +57,35 @@ def test_the_page_embeds_every_plot_and_the_effect_when_estimated(tmp_path):
 
 
 def test_the_artifact_is_table_2_with_where_the_report_is(tmp_path):
-    markdown = comparison_markdown({"markov": {"RVA": 0.5, "TE": 2.0}}, tmp_path / "report.html")
+    markdown = comparison_markdown(
+        {"simulators": {"markov": {"RVA": 0.5, "TE": 2.0}}}, tmp_path / "report.html"
+    )
     lines = markdown.splitlines()
     assert lines[1].startswith(
         "| simulator | L0 RVA ↑ | L0 OVA ↑ | L1 F1 ↑ | L1 Acc ↑ | L2 DM-JSD ↓ | L2 TE ↓"
     )
     assert lines[3].startswith("| markov | 0.5000 | – | – | – | – | 2.00 |")
     assert lines[-1] == f"Full report: `{(tmp_path / 'report.html').resolve()}`"
+    assert "alignment" not in markdown  # a lake without a world: no alignment table
+
+
+def test_the_artifact_has_the_decision_alignment_when_the_lake_has_a_world(tmp_path):
+    def rates(decision, purchase, idle, bought, without):
+        return {"decision_alignment": decision, "purchase_alignment": purchase,
+                "no_purchase_alignment": idle, "purchase_sessions": bought, "no_purchase_sessions": without}  # fmt: skip
+
+    report = {
+        "simulators": {"markov": {"RVA": 1.0, "decision_alignment": rates(0.25, None, 0.25, 0, 4)}},
+        "decision_alignment": {"real": rates(0.5, 1.0, 1 / 3, 1, 3), "acceptable": "a", "shown": "s"},
+    }
+    lines = comparison_markdown(report, tmp_path / "report.html").splitlines()
+    start = lines.index("| source | decision alignment ↑ | purchase alignment ↑ | no purchase alignment ↑ "
+                        "| sessions with a purchase | sessions without |")  # fmt: skip
+    # the real sessions first, then each simulator; a rate over no sessions prints as a dash
+    assert lines[start + 2 : start + 4] == [
+        "| real | 0.5000 | 1.0000 | 0.3333 | 1 | 3 |",
+        "| markov | 0.2500 | – | 0.2500 | 0 | 4 |",
+    ]
 
 
 def test_the_sessions_left_out_are_counted_in_words():
