@@ -96,8 +96,9 @@ def wrap(body: nn.Module, world: World, strategy: Strategy, device: torch.device
     if strategy == "ddp":
         ids = [device.index] if device.type == "cuda" else None
         # No buffer broadcast at each forward: it is a collective, and ranks of an uneven update run
-        # different numbers of forwards (a deadlock). The buffers (rotary frequencies) are built, not learnt.
-        return nn.parallel.DistributedDataParallel(body, device_ids=ids, broadcast_buffers=False)
+        # different numbers of forwards (a deadlock). The buffers (rotary frequencies) are built, not
+        # learnt, and the one broadcast at construction keeps them equal.
+        return nn.parallel.DistributedDataParallel(body, device_ids=ids, forward_sync_buffers=False)
     return shard_fully(body)
 
 
@@ -189,5 +190,8 @@ def barrier(world: World) -> None:
 
 
 def shutdown(world: World) -> None:
+    """Leave the process group together: a rank that tears it down while another is still finishing
+    a collective (the last gradient all-reduce) can leave that rank waiting for ever."""
     if world.active and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
