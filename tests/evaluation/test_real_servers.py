@@ -146,7 +146,8 @@ def assert_every_session_ended(rollout: Path, spec: str, sessions: int = SESSION
     # ended by the protocol (a terminal action, the budget, max_try), never by a failed request
     for trace in traces:
         assert (trace.terminated or trace.truncated) and trace.termination_reason not in (None, "error")
-        assert trace.steps and all(step.raw_output for step in trace.steps)
+        # every step kept its answer; an empty one (end-of-sequence sampled first) is an answer too
+        assert trace.steps and all(isinstance(step.raw_output, str) for step in trace.steps)
 
 
 @pytest.mark.timeout(1800)  # a tiny model: 1 min on a quiet machine, several on a crowded one
@@ -170,7 +171,8 @@ def test_openai_simulator_against_transformers_serve(prefect_harness, lake, trai
     # rollout's steps and the replay's scored rows, one request each (none failed, none retried)
     kept = [s.raw_output for t in read_traces(rollout) for s in t.steps]
     kept += [r.raw_output for r in read_replay(replayed) if r.unscored_reason is None]
-    assert all(kept) and sorted(kept) == sorted(e.content for e in exchanges)
+    # an empty answer is one the server can send (a sampled end-of-sequence first): it is kept as sent
+    assert any(kept) and sorted(kept) == sorted(e.content for e in exchanges)
     # the server sampled as it was asked (temperature 1.0), because the checkpoint's generation config
     # samples: decoded greedily, this barely trained model answers the same few tokens to every prompt
     assert len(set(kept)) > 1
