@@ -14,19 +14,48 @@ parts (and the gradients) of micro-batches that together hold the states of one 
 parts and gradients of the whole update, provided every micro-batch passes the update's
 ``num_states``.
 
-The math runs in float32 at least (float64 stays float64) whatever the model dtype; teacher inputs
-are always detached. Only torch is imported: the module runs on a machine without the data stack.
+The math runs in float32 at least (float64 stays float64) whatever the model dtype and whatever
+autocast is active: every entry point turns autocast off on its inputs' devices, since autocast would
+run the matmuls below (row dots, head projections, gradient products) in bf16 even on float32 inputs,
+which moves lambda* by grid steps and pushes targets past epsilon. Teacher inputs are always detached.
+Only torch is imported: the module runs on a machine without the data stack.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
 
 PADDING_STATE = -1  # state index of a padded position in the hidden-state path: no loss, no gradient
+
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
+
+
+def _without_autocast(function: Callable[_Params, _Result]) -> Callable[_Params, _Result]:
+    """Run ``function`` with autocast off on the device types of its tensor arguments.
+
+    Autocast applies per device type, to ops on that device's tensors, so these are the ones that
+    matter; leaving the context restores the caller's state (enabled or not, and its dtype).
+    """
+
+    @functools.wraps(function)
+    def without(*args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
+        devices = {value.device.type for value in (*args, *kwargs.values()) if isinstance(value, Tensor)}
+        with ExitStack() as stack:
+            for device in sorted(devices):
+                if torch.amp.is_autocast_available(device):
+                    stack.enter_context(torch.autocast(device, enabled=False))
+            return function(*args, **kwargs)
+
+    return without
 
 
 @dataclass(frozen=True)
@@ -74,7 +103,10 @@ def _check_beta(beta: float) -> None:
 
 
 def _rowdot(left: Tensor, right: Tensor) -> Tensor:
-    """Row-wise dot product of [..., V] tensors, through matmul: no [..., V] product is allocated."""
+    """Row-wise dot product of [..., V] tensors, through matmul: no [..., V] product is allocated.
+
+    For values autograd does not differentiate (see ``_kl_rows`` for those it does).
+    """
     return (left.unsqueeze(-2) @ right.unsqueeze(-1)).reshape(left.shape[:-1])
 
 
@@ -128,6 +160,7 @@ def _bisect(
     return low
 
 
+@_without_autocast
 def trust_region_target(
     base_logits: Tensor,
     intent_logits: Tensor,
@@ -181,14 +214,25 @@ def _trust_region(
 # ---------------------------------------------------------------------------------------------
 
 
+def _kl_rows(log_left: Tensor, log_right: Tensor) -> Tensor:
+    """KL(left || right) per row, for autograd.
+
+    A sum of elementwise products rather than ``_rowdot``: autograd replays a matmul's backward
+    under whatever autocast is active where backward runs (bf16 inside a bf16 region), while these
+    ops' backwards hold no lower-precision op.
+    """
+    return (log_left.exp() * (log_left - log_right)).sum(-1)
+
+
 def _jsd_terms(target_logprobs: Tensor, student_logprobs: Tensor, beta: float) -> Tensor:
     """Per-row JSD_beta, written for autograd (no in-place step)."""
     log_mix = torch.logaddexp(target_logprobs + math.log(beta), student_logprobs + math.log1p(-beta))
-    kl_target = _rowdot(target_logprobs.exp(), target_logprobs - log_mix)
-    kl_student = _rowdot(student_logprobs.exp(), student_logprobs - log_mix)
+    kl_target = _kl_rows(target_logprobs, log_mix)
+    kl_student = _kl_rows(student_logprobs, log_mix)
     return beta * kl_target + (1.0 - beta) * kl_student
 
 
+@_without_autocast
 def generalized_jsd(target_logprobs: Tensor, student_logits: Tensor, beta: float = 0.5) -> Tensor:
     """Per-token ``beta*KL(q||m) + (1-beta)*KL(p||m)``, m = beta*q + (1-beta)*p, natural log.
 
@@ -237,6 +281,7 @@ def _nll_and_logit_grad(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]
 # ---------------------------------------------------------------------------------------------
 
 
+@_without_autocast
 def class_balance_weights(classes: Tensor, cap: float = 2.0) -> Tensor:
     """Per-item weights ``min(c * freq(class)^-0.5, cap)`` with c chosen so their mean is 1.
 
@@ -259,6 +304,7 @@ def class_balance_weights(classes: Tensor, cap: float = 2.0) -> Tensor:
     return torch.clamp(high * raw, max=cap).reshape(classes.shape)
 
 
+@_without_autocast
 def state_token_weights(state_index: Tensor, num_states: int, state_weights: Tensor | None = None) -> Tensor:
     """Weight of each token: ``state_weight / (num_states * valid tokens of its state)``.
 
@@ -322,6 +368,7 @@ def _states_with_tokens(mask: Tensor, what: str) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+@_without_autocast
 def optd_loss(
     student_logits: Tensor,
     base_logits: Tensor,
@@ -491,6 +538,7 @@ def _grounding_chunks(hidden: Tensor, plan: _ChunkPlan, head: _Head, grads: _Hea
     return total
 
 
+@_without_autocast  # guards the forward and the recomputation in a second backward alike
 def _loss_and_grads(
     student_hidden: Tensor,
     grounding_hidden: Tensor,
@@ -587,6 +635,7 @@ def _check_labels(labels: Tensor, vocab_size: int) -> None:
         raise ValueError(f"{int(outside.sum())} grounding labels outside the vocabulary [0, {vocab_size})")
 
 
+@_without_autocast
 def optd_loss_from_hidden(
     student_hidden: Tensor,
     base_hidden: Tensor,
@@ -657,6 +706,7 @@ def optd_loss_from_hidden(
     return OPTDLoss(total, *parts.unbind())
 
 
+@_without_autocast
 def grounding_nll_from_hidden(
     hidden: Tensor,
     labels: Tensor,
