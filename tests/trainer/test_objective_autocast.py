@@ -3,8 +3,9 @@
 The trainer calls the objective inside bf16 autocast (CUDA); CPU autocast stands in for it here:
 inside it a float32 matmul runs in bf16. The reference (``ref_*``, torch float64, no code shared
 with ``trainer.objective``) follows OPTD.md literally: the geometric mixture in log space, eight
-bisection steps per token, the generalized JSD through the log-space mixture, per-state token means
-then equal state weights, gamma times the gold NLL. Its gradients come from autograd.
+bisection steps per token, the generalized JSD through the log-space mixture (the two KLs at beta 0
+and 1), per-state token means then equal state weights, gamma times the gold NLL. Its gradients
+come from autograd.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from trainer.objective import (
+    ObjectiveSettings,
     generalized_jsd,
     grounding_nll_from_hidden,
     optd_loss,
@@ -71,6 +73,11 @@ def ref_target(base, intent, dtype=F64):
 
 
 def ref_jsd(log_q, log_p, beta=0.5):
+    """JSD_beta; at beta 0 and 1, where it vanishes, the forward KL(q || p) and reverse KL(p || q)."""
+    if beta == 0:
+        return ref_kl(log_q, log_p)
+    if beta == 1:
+        return ref_kl(log_p, log_q)
     log_m = torch.logsumexp(torch.stack([log_q + math.log(beta), log_p + math.log1p(-beta)]), 0)
     return beta * ref_kl(log_q, log_m) + (1 - beta) * ref_kl(log_p, log_m)
 
@@ -79,14 +86,14 @@ def ref_nll(gold_logits, labels):
     return -torch.log_softmax(gold_logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
-def ref_loss(student, base, intent, gold, labels):
+def ref_loss(student, base, intent, gold, labels, beta=0.5):
     """(total, distillation, grounding, mean lambda*) over per-state lists of float64 logits."""
     dist, ground, lam_mean = 0.0, 0.0, 0.0
     for s_logits, b_logits, i_logits, g_logits, g_labels in zip(
         student, base, intent, gold, labels, strict=True
     ):
         target, lam, _ = ref_target(b_logits, i_logits)
-        dist = dist + ref_jsd(target, torch.log_softmax(s_logits, -1)).mean() / len(student)
+        dist = dist + ref_jsd(target, torch.log_softmax(s_logits, -1), beta).mean() / len(student)
         ground = ground + ref_nll(g_logits, g_labels).mean() / len(student)
         lam_mean = lam_mean + lam.mean() / len(student)
     return dist + GAMMA * ground, dist, ground, lam_mean
@@ -198,15 +205,16 @@ def test_trust_region_target_unguarded_misses_the_reference_under_autocast():
     assert not torch.equal(lam.to(F64), want_lam)
 
 
-def test_generalized_jsd_under_autocast_matches_reference():
+@pytest.mark.parametrize("beta", [0.5, 0.0, 1.0])
+def test_generalized_jsd_under_autocast_matches_reference(beta):
     base, intent = teacher_logits(30, seed=4)
     target = ref_target(base, intent)[0].float()
     student = torch.randn(30, VOCAB, generator=torch.Generator().manual_seed(5), requires_grad=True)
     student64 = student.detach().to(F64).requires_grad_()
-    want = ref_jsd(target.to(F64), torch.log_softmax(student64, -1))
+    want = ref_jsd(target.to(F64), torch.log_softmax(student64, -1), beta)
     (want_grad,) = torch.autograd.grad(want.sum(), student64)
     with bf16_autocast():
-        jsd = generalized_jsd(target, student)
+        jsd = generalized_jsd(target, student, beta)
         (grad,) = torch.autograd.grad(jsd.sum(), student)  # backward inside the region too
     assert jsd.dtype == torch.float32 and grad.dtype == torch.float32
     assert float((jsd.detach().to(F64) - want.detach()).abs().max()) <= TOL
@@ -321,7 +329,7 @@ def chunked_loss(x, **kwargs):
     )
 
 
-def ref_from_hidden(x):
+def ref_from_hidden(x, beta=0.5):
     """The reference loss of ``hidden_inputs`` (float32 values taken exactly into float64) and the
     gradients of its total w.r.t. the student hidden, gold hidden, head weight and head bias."""
     x64 = {k: v.detach().to(F64) if v.is_floating_point() else v for k, v in x.items()}
@@ -339,17 +347,18 @@ def ref_from_hidden(x):
         split(teacher(x64["intent_hidden"]), LENGTHS),
         split(student(x64["grounding_hidden"]), GOLD_LENGTHS),
         list(x64["grounding_labels"].split(GOLD_LENGTHS)),
+        beta,
     )
     return want, torch.autograd.grad(want[0], leaves)
 
 
-@pytest.mark.parametrize("chunk_size", [4, 256])
-def test_optd_loss_from_hidden_under_autocast_matches_reference(chunk_size):
+@pytest.mark.parametrize(("chunk_size", "beta"), [(4, 0.5), (256, 0.5), (4, 0.0), (4, 1.0)])
+def test_optd_loss_from_hidden_under_autocast_matches_reference(chunk_size, beta):
     x = hidden_inputs(seed=10)
-    want, want_grads = ref_from_hidden(x)
+    want, want_grads = ref_from_hidden(x, beta)
     leaves = [x[k].requires_grad_() for k in STUDENT_LEAVES]
     with bf16_autocast():
-        loss = chunked_loss(x, chunk_size=chunk_size)
+        loss = chunked_loss(x, chunk_size=chunk_size, settings=ObjectiveSettings(beta=beta))
         grads = torch.autograd.grad(loss.total, leaves)
     assert loss.total.dtype == torch.float32
     assert 0.5 < float(loss.binding_share) < 1
