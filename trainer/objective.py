@@ -14,19 +14,48 @@ parts (and the gradients) of micro-batches that together hold the states of one 
 parts and gradients of the whole update, provided every micro-batch passes the update's
 ``num_states``.
 
-The math runs in float32 at least (float64 stays float64) whatever the model dtype; teacher inputs
-are always detached. Only torch is imported: the module runs on a machine without the data stack.
+The math runs in float32 at least (float64 stays float64) whatever the model dtype and whatever
+autocast is active: every entry point turns autocast off on its inputs' devices, since autocast would
+run the matmuls below (row dots, head projections, gradient products) in bf16 even on float32 inputs,
+which moves lambda* by grid steps and pushes targets past epsilon. Teacher inputs are always detached.
+Only torch is imported: the module runs on a machine without the data stack.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
 
 PADDING_STATE = -1  # state index of a padded position in the hidden-state path: no loss, no gradient
+
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
+
+
+def _without_autocast(function: Callable[_Params, _Result]) -> Callable[_Params, _Result]:
+    """Run ``function`` with autocast off on the device types of its tensor arguments.
+
+    Autocast applies per device type, to ops on that device's tensors, so these are the ones that
+    matter; leaving the context restores the caller's state (enabled or not, and its dtype).
+    """
+
+    @functools.wraps(function)
+    def without(*args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
+        devices = {value.device.type for value in (*args, *kwargs.values()) if isinstance(value, Tensor)}
+        with ExitStack() as stack:
+            for device in sorted(devices):
+                if torch.amp.is_autocast_available(device):
+                    stack.enter_context(torch.autocast(device, enabled=False))
+            return function(*args, **kwargs)
+
+    return without
 
 
 @dataclass(frozen=True)
@@ -36,7 +65,7 @@ class ObjectiveSettings:
     epsilon: float = 0.02  # per-token bound on KL(q^lambda || q^0)
     lambda_max: float = 1.0  # largest guidance weight tried
     steps: int = 8  # bisection steps when lambda_max is infeasible: error <= lambda_max / 2**steps
-    beta: float = 0.5  # generalized-JSD mixture weight of the target
+    beta: float = 0.5  # generalized-JSD mixture weight of the target; 0: KL(q || p), 1: KL(p || q)
     gamma: float = 0.1  # weight of the grounding NLL
 
     def __post_init__(self) -> None:
@@ -60,7 +89,7 @@ class OPTDLoss:
     """
 
     total: Tensor
-    distillation: Tensor  # generalized JSD between the trust-region target and the student
+    distillation: Tensor  # JSD_beta (a KL at beta 0 or 1) between the trust-region target and the student
     grounding: Tensor  # NLL of the gold response (class-weighted when weights are given)
     mean_lambda: Tensor  # mean lambda*
     binding_share: Tensor  # share of tokens with lambda* < lambda_max
@@ -68,13 +97,15 @@ class OPTDLoss:
 
 
 def _check_beta(beta: float) -> None:
-    # at beta = 0 or 1 the mixture equals one side and the divergence is identically zero
-    if not 0.0 < beta < 1.0:
-        raise ValueError(f"beta must lie strictly between 0 and 1, got {beta}")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must lie in [0, 1] (0: forward KL, 1: reverse KL), got {beta}")
 
 
 def _rowdot(left: Tensor, right: Tensor) -> Tensor:
-    """Row-wise dot product of [..., V] tensors, through matmul: no [..., V] product is allocated."""
+    """Row-wise dot product of [..., V] tensors, through matmul: no [..., V] product is allocated.
+
+    For values autograd does not differentiate (see ``_kl_rows`` for those it does).
+    """
     return (left.unsqueeze(-2) @ right.unsqueeze(-1)).reshape(left.shape[:-1])
 
 
@@ -128,6 +159,7 @@ def _bisect(
     return low
 
 
+@_without_autocast
 def trust_region_target(
     base_logits: Tensor,
     intent_logits: Tensor,
@@ -181,17 +213,35 @@ def _trust_region(
 # ---------------------------------------------------------------------------------------------
 
 
+def _kl_rows(log_left: Tensor, log_right: Tensor) -> Tensor:
+    """KL(left || right) per row, for autograd.
+
+    A sum of elementwise products rather than ``_rowdot``: autograd replays a matmul's backward
+    under whatever autocast is active where backward runs (bf16 inside a bf16 region), while these
+    ops' backwards hold no lower-precision op.
+    """
+    return (log_left.exp() * (log_left - log_right)).sum(-1)
+
+
 def _jsd_terms(target_logprobs: Tensor, student_logprobs: Tensor, beta: float) -> Tensor:
-    """Per-row JSD_beta, written for autograd (no in-place step)."""
+    """Per-row JSD_beta (a KL at the endpoints), written for autograd (no in-place step)."""
+    if beta == 0.0:
+        return _kl_rows(target_logprobs, student_logprobs)
+    if beta == 1.0:
+        return _kl_rows(student_logprobs, target_logprobs)
     log_mix = torch.logaddexp(target_logprobs + math.log(beta), student_logprobs + math.log1p(-beta))
-    kl_target = _rowdot(target_logprobs.exp(), target_logprobs - log_mix)
-    kl_student = _rowdot(student_logprobs.exp(), student_logprobs - log_mix)
+    kl_target = _kl_rows(target_logprobs, log_mix)
+    kl_student = _kl_rows(student_logprobs, log_mix)
     return beta * kl_target + (1.0 - beta) * kl_student
 
 
+@_without_autocast
 def generalized_jsd(target_logprobs: Tensor, student_logits: Tensor, beta: float = 0.5) -> Tensor:
     """Per-token ``beta*KL(q||m) + (1-beta)*KL(p||m)``, m = beta*q + (1-beta)*p, natural log.
 
+    At the endpoints that formula is identically zero (m is p at beta = 0, q at beta = 1), so there
+    the divergence is a KL instead, the convention of the paper's authors and of TRL's GKD:
+    beta = 0 is the forward KL(q || p), beta = 1 the reverse KL(p || q).
     q = exp(target_logprobs) carries no gradient; p = softmax(student_logits) does, through m too.
     Shapes ``[..., V]`` -> ``[...]``, float32 at least.
     """
@@ -201,26 +251,42 @@ def generalized_jsd(target_logprobs: Tensor, student_logits: Tensor, beta: float
     return _jsd_terms(target_logprobs.detach().to(dtype), student_logprobs, beta)
 
 
+def _student_kl_and_logit_grad(student_logprobs: Tensor, log_reference: Tensor) -> tuple[Tensor, Tensor]:
+    """KL(p || r) per row and its gradient w.r.t. the student logits, r held fixed.
+
+    dKL/ds_v = p_v (d_v - sum_u p_u d_u) with d = log p - log r, and sum_u p_u d_u = KL(p || r).
+    ``student_logprobs`` is overwritten.
+    """
+    probs = student_logprobs.exp()
+    student_vs_reference = student_logprobs.sub_(log_reference)
+    kl = _rowdot(probs, student_vs_reference)
+    return kl, student_vs_reference.sub_(kl.unsqueeze(-1)).mul_(probs)
+
+
 def _jsd_and_logit_grad(
     target_logprobs: Tensor, student_logprobs: Tensor, beta: float
 ) -> tuple[Tensor, Tensor]:
     """JSD per row and its gradient w.r.t. the student logits; ``student_logprobs`` is overwritten.
 
     The same value as ``_jsd_terms``, computed in place to hold fewer [rows, V] buffers at once.
-    dJ/dp_v = (1-beta) (log p_v - log m_v); through the softmax
-    dJ/ds_v = (1-beta) p_v (r_v - sum_u p_u r_u) with r = log p - log m, and sum_u p_u r_u = KL(p||m).
+    dJ/dp_v = (1-beta) log(p_v / m_v) + const (the terms through m add up to (1-beta), as
+    m = beta q + (1-beta) p), and a constant vanishes through the softmax: dJ/ds is (1-beta) times
+    the gradient of KL(p || m) with m held fixed. At the endpoints: the forward KL(q || p) has
+    dJ/ds = p - q; the reverse KL(p || q) is that of KL(p || m) with m = q.
     """
+    if beta == 1.0:
+        return _student_kl_and_logit_grad(student_logprobs, target_logprobs)
+    target_probs = target_logprobs.exp()
+    if beta == 0.0:
+        kl = _rowdot(target_probs, target_logprobs) - _rowdot(target_probs, student_logprobs)
+        return kl, student_logprobs.exp_().sub_(target_probs)
     log_mix = target_logprobs + math.log(beta)
     torch.logaddexp(log_mix, student_logprobs + math.log1p(-beta), out=log_mix)
-    target_probs = target_logprobs.exp()
     kl_target = _rowdot(target_probs, target_logprobs) - _rowdot(target_probs, log_mix)
     del target_probs
-    probs = student_logprobs.exp()
-    student_vs_mix = student_logprobs.sub_(log_mix)
+    kl_student, grad = _student_kl_and_logit_grad(student_logprobs, log_mix)
     del log_mix
-    kl_student = _rowdot(probs, student_vs_mix)
-    grad = student_vs_mix.sub_(kl_student.unsqueeze(-1)).mul_(probs).mul_(1.0 - beta)
-    return beta * kl_target + (1.0 - beta) * kl_student, grad
+    return beta * kl_target + (1.0 - beta) * kl_student, grad.mul_(1.0 - beta)
 
 
 def _nll_and_logit_grad(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -237,6 +303,7 @@ def _nll_and_logit_grad(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]
 # ---------------------------------------------------------------------------------------------
 
 
+@_without_autocast
 def class_balance_weights(classes: Tensor, cap: float = 2.0) -> Tensor:
     """Per-item weights ``min(c * freq(class)^-0.5, cap)`` with c chosen so their mean is 1.
 
@@ -259,6 +326,7 @@ def class_balance_weights(classes: Tensor, cap: float = 2.0) -> Tensor:
     return torch.clamp(high * raw, max=cap).reshape(classes.shape)
 
 
+@_without_autocast
 def state_token_weights(state_index: Tensor, num_states: int, state_weights: Tensor | None = None) -> Tensor:
     """Weight of each token: ``state_weight / (num_states * valid tokens of its state)``.
 
@@ -322,6 +390,7 @@ def _states_with_tokens(mask: Tensor, what: str) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
+@_without_autocast
 def optd_loss(
     student_logits: Tensor,
     base_logits: Tensor,
@@ -491,6 +560,7 @@ def _grounding_chunks(hidden: Tensor, plan: _ChunkPlan, head: _Head, grads: _Hea
     return total
 
 
+@_without_autocast  # guards the forward and the recomputation in a second backward alike
 def _loss_and_grads(
     student_hidden: Tensor,
     grounding_hidden: Tensor,
@@ -587,6 +657,7 @@ def _check_labels(labels: Tensor, vocab_size: int) -> None:
         raise ValueError(f"{int(outside.sum())} grounding labels outside the vocabulary [0, {vocab_size})")
 
 
+@_without_autocast
 def optd_loss_from_hidden(
     student_hidden: Tensor,
     base_hidden: Tensor,
@@ -657,6 +728,7 @@ def optd_loss_from_hidden(
     return OPTDLoss(total, *parts.unbind())
 
 
+@_without_autocast
 def grounding_nll_from_hidden(
     hidden: Tensor,
     labels: Tensor,

@@ -24,7 +24,12 @@ class OPTDSettings(BaseModel):
     epsilon: float = Field(0.02, ge=0, description="per-token bound on KL(q^lambda || q^0) (paper: 0.02)")
     lambda_max: float = Field(1.0, ge=0, description="largest guidance weight (paper: 1)")
     bisection_steps: int = Field(8, ge=0, description="error <= lambda_max / 2^steps (paper: 8)")
-    beta: float = Field(0.5, gt=0, lt=1, description="generalized-JSD mixture weight (paper: 0.5)")
+    beta: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="generalized-JSD mixture weight (paper: 0.5); 0: forward KL(q||p), 1: reverse KL(p||q)",
+    )
     gamma: float = Field(0.1, ge=0, description="weight of the grounding NLL (paper: 0.1)")
     temperature: float = Field(0.8, gt=0, description="sampling temperature (reference: 0.8)")
     top_p: float = Field(1.0, gt=0, le=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pydantic
 import pytest
 import torch
 
@@ -25,6 +26,7 @@ from trainer.objective import (
     optd_loss_from_hidden,
     trust_region_target,
 )
+from trainer.optd_config import OPTDSettings
 
 torch.set_num_threads(2)
 F64 = torch.float64
@@ -71,11 +73,18 @@ def ref_target(base, intent, eps=0.02, lam_max=1.0, steps=8):
 
 
 def ref_jsd(q: np.ndarray, p: np.ndarray, beta: float = 0.5) -> np.ndarray:
+    """JSD_beta(q, p); at the endpoints, where it vanishes, the forward KL(q||p) (0) or reverse KL(p||q) (1)."""
+    if beta == 0:
+        return ref_kl(q, p)
+    if beta == 1:
+        return ref_kl(p, q)
     m = beta * q + (1 - beta) * p
     return beta * ref_kl(q, m) + (1 - beta) * ref_kl(p, m)
 
 
-def ref_optd(student, base, intent, mask, grounding, labels, gold_mask, weights=None, gamma=0.1, **tr):
+def ref_optd(
+    student, base, intent, mask, grounding, labels, gold_mask, weights=None, gamma=0.1, beta=0.5, **tr
+):
     """The whole loss on [S, T, V] arrays: per state token means, then the mean over states."""
     states = student.shape[0]
     weights = np.ones(states) if weights is None else weights
@@ -83,7 +92,7 @@ def ref_optd(student, base, intent, mask, grounding, labels, gold_mask, weights=
     for s in range(states):
         keep = mask[s]
         targets, lams, kls = ref_target(base[s][keep], intent[s][keep], **tr)
-        dist += ref_jsd(targets, ref_softmax(student[s][keep])).mean() / states
+        dist += ref_jsd(targets, ref_softmax(student[s][keep]), beta).mean() / states
         lam_mean += lams.mean() / states
         binding += (lams < tr.get("lam_max", 1.0)).mean() / states
         kl_mean += kls.mean() / states
@@ -241,7 +250,7 @@ def test_trust_region_keeps_leading_dimensions():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("beta", [0.5, 0.2, 0.9])
+@pytest.mark.parametrize("beta", [0.5, 0.2, 0.9, 0.0, 1.0])
 def test_generalized_jsd_matches_reference(beta):
     gen = torch.Generator().manual_seed(14)
     target = torch.log_softmax(torch.randn(8, 25, generator=gen), -1)
@@ -260,16 +269,40 @@ def test_generalized_jsd_of_equal_distributions_is_zero_and_of_disjoint_ones_is_
     assert math.isclose(float(loss), math.log(2.0), rel_tol=1e-12)
 
 
-def test_generalized_jsd_gradcheck():
+@pytest.mark.parametrize("beta", [0.3, 0.0, 1.0])
+def test_generalized_jsd_gradcheck(beta):
     gen = torch.Generator().manual_seed(15)
     target = torch.log_softmax(torch.randn(4, 7, generator=gen, dtype=F64), -1)
     student = torch.randn(4, 7, generator=gen, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda s: generalized_jsd(target, s, beta=0.3), (student,))
+    assert torch.autograd.gradcheck(lambda s: generalized_jsd(target, s, beta=beta), (student,))
 
 
-def test_generalized_jsd_rejects_degenerate_beta():
+def test_generalized_jsd_endpoints_are_the_two_kls():
+    # q = (1/2, 1/2), p = (1/4, 3/4): KL(q||p) = 1/2 log(2) + 1/2 log(2/3) = 1/2 log(4/3);
+    # KL(p||q) = 1/4 log(1/2) + 3/4 log(3/2) = 3/4 log 3 - log 2
+    target = torch.log(torch.tensor([[0.5, 0.5]], dtype=F64))
+    student = torch.log(torch.tensor([[0.25, 0.75]], dtype=F64))
+    assert math.isclose(
+        float(generalized_jsd(target, student, beta=0.0)), 0.5 * math.log(4 / 3), rel_tol=1e-12
+    )
+    assert math.isclose(
+        float(generalized_jsd(target, student, beta=1.0)), 0.75 * math.log(3) - math.log(2), rel_tol=1e-12
+    )
+
+
+@pytest.mark.parametrize("beta", [-0.1, 1.1, float("nan")])
+def test_beta_outside_the_unit_interval_is_rejected(beta):
     with pytest.raises(ValueError, match="beta"):
-        generalized_jsd(torch.zeros(1, 3), torch.zeros(1, 3), beta=1.0)
+        generalized_jsd(torch.zeros(1, 3), torch.zeros(1, 3), beta=beta)
+    with pytest.raises(ValueError, match="beta"):
+        ObjectiveSettings(beta=beta)
+    with pytest.raises(pydantic.ValidationError, match="beta"):
+        OPTDSettings(beta=beta)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_the_endpoints_are_valid_settings(beta):
+    assert OPTDSettings(beta=beta).objective() == ObjectiveSettings(beta=beta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -831,3 +864,112 @@ def test_chunked_path_rejects_a_state_missing_from_one_term():
     b["response_mask"][2] = False
     with pytest.raises(ValueError, match="both response tokens and gold"):
         hidden_path(b, chunk_size=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# beta at the endpoints: forward KL(q||p) at 0, reverse KL(p||q) at 1, both paths
+# ---------------------------------------------------------------------------------------------
+
+
+def torch_ref_divergence(log_q: torch.Tensor, log_p: torch.Tensor, beta: float) -> torch.Tensor:
+    """The reference's divergence per token in torch (float64, for autograd), m in probability space."""
+
+    def kl(log_a, log_b):
+        return (log_a.exp() * (log_a - log_b)).sum(-1)
+
+    if beta == 0:
+        return kl(log_q, log_p)
+    if beta == 1:
+        return kl(log_p, log_q)
+    log_m = torch.log(beta * log_q.exp() + (1 - beta) * log_p.exp())
+    return beta * kl(log_q, log_m) + (1 - beta) * kl(log_p, log_m)
+
+
+def torch_ref_total(student, base, intent, mask, grounding, labels, gold_mask, beta, gamma=0.1):
+    """The total loss on [S, T, V] float64 logits with autograd through the student's and the gold
+    logits; the targets come from the numpy reference (no gradient reaches them)."""
+    states, total = student.shape[0], 0.0
+    for s in range(states):
+        keep, gold_keep = mask[s], gold_mask[s]
+        targets, _, _ = ref_target(numpy64(base[s][keep]), numpy64(intent[s][keep]))
+        log_q = torch.from_numpy(np.log(targets))
+        total = (
+            total + torch_ref_divergence(log_q, torch.log_softmax(student[s][keep], -1), beta).mean() / states
+        )
+        log_gold = torch.log_softmax(grounding[s][gold_keep], -1)
+        nll = -log_gold.gather(-1, labels[s][gold_keep].unsqueeze(-1)).squeeze(-1)
+        total = total + gamma * nll.mean() / states
+    return total
+
+
+PADDED_KEYS = (
+    "student_logits",
+    "base_logits",
+    "intent_logits",
+    "response_mask",
+    "grounding_logits",
+    "grounding_labels",
+    "grounding_mask",
+)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_optd_loss_beta_matches_reference_value_and_gradient(beta):
+    batch = padded_batch(seed=45, spread=1.0, dtype=F64)
+    student, gold = batch["student_logits"].requires_grad_(), batch["grounding_logits"].requires_grad_()
+    loss = optd_loss(**batch, settings=ObjectiveSettings(beta=beta))
+    assert_parts_match(loss, reference_of(batch, beta=beta), atol=1e-10)
+    grads = torch.autograd.grad(loss.total, (student, gold))
+    ref_batch = {k: v.detach().requires_grad_() if v.is_floating_point() else v for k, v in batch.items()}
+    ref_leaves = (ref_batch["student_logits"], ref_batch["grounding_logits"])
+    want = torch.autograd.grad(torch_ref_total(*(ref_batch[k] for k in PADDED_KEYS), beta=beta), ref_leaves)
+    for grad, want_grad, mask in zip(
+        grads, want, (batch["response_mask"], batch["grounding_mask"]), strict=True
+    ):
+        torch.testing.assert_close(grad[mask], want_grad[mask], atol=1e-12, rtol=1e-10)
+        assert bool((grad[~mask] == 0).all())
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_chunked_path_beta_matches_reference_value_and_gradient(beta):
+    # the chunked path's gradients are written by hand: autograd of the reference through the heads
+    b = hidden_batch(seed=46)
+    leaves = student_leaves(b)
+    chunked = hidden_path(b, chunk_size=4, settings=ObjectiveSettings(beta=beta))
+    grads = torch.autograd.grad(chunked.total, leaves)
+
+    vocab = b["vocab_size"]
+    ref = {
+        k: v.detach().nan_to_num(0.0) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in b.items()
+    }
+    ref_leaves = [
+        ref[k].requires_grad_() for k in ("student_hidden", "grounding_hidden", "head_weight", "head_bias")
+    ]
+    want_total = torch_ref_total(
+        project(ref["student_hidden"], ref["head_weight"], ref["head_bias"], vocab),
+        project(ref["base_hidden"], ref["teacher_head_weight"], ref["teacher_head_bias"], vocab),
+        project(ref["intent_hidden"], ref["teacher_head_weight"], ref["teacher_head_bias"], vocab),
+        ref["response_mask"],
+        project(ref["grounding_hidden"], ref["head_weight"], ref["head_bias"], vocab),
+        ref["grounding_labels"],
+        ref["grounding_mask"],
+        beta=beta,
+    )
+    assert math.isclose(scalar(chunked.total), scalar(want_total), abs_tol=1e-10)
+    for grad, want in zip(grads, torch.autograd.grad(want_total, ref_leaves), strict=True):
+        torch.testing.assert_close(grad, want, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_chunked_path_equals_the_logits_path_at_the_endpoints(beta):
+    b = hidden_batch(seed=47)
+    leaves = student_leaves(b)
+    settings = ObjectiveSettings(beta=beta)
+    chunked, unchunked = hidden_path(b, chunk_size=3, settings=settings), logits_path(b, settings=settings)
+    for name in PARTS:
+        assert abs(scalar(getattr(chunked, name)) - scalar(getattr(unchunked, name))) < 1e-10, name
+    for grad, want in zip(
+        torch.autograd.grad(chunked.total, leaves), torch.autograd.grad(unchunked.total, leaves), strict=True
+    ):
+        torch.testing.assert_close(grad, want, atol=1e-10, rtol=0)
