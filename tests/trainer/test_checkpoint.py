@@ -4,15 +4,82 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
+import trainer.checkpoint as checkpoint
 from tests.trainer.conftest import tiny_model
+from trainer.checkpoint import latest, read_meta, restore_training_state, save_checkpoint, state_folder
+from trainer.loop import adam, schedule
 from trainer.models import model_vocab_size, save_model
+
+MODEL_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+}
+META = {"stage": "sft", "settings": {"steps": 40, "lr": 5e-5}, "data_hash": "d" * 64}
+
+
+def trained(tokenizer, seed: int = 0):
+    """A tiny model after one Adam update, so that the optimizer has a state to save."""
+    model = tiny_model(tokenizer, seed)
+    optimizer = adam(model, 1e-2, (0.9, 0.999), 1e-8)
+    scheduler = schedule(optimizer, 1, 4)
+    ids = torch.tensor([tokenizer("I choose scroll_down.", add_special_tokens=False)["input_ids"]])
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return model, optimizer, scheduler
+
+
+def save(out: Path, step: int, parts, meta=META, keep: int = 2) -> Path:
+    model, tokenizer, optimizer, scheduler = parts
+    return save_checkpoint(out, step, model, tokenizer, optimizer, scheduler, meta, keep=keep)
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_the_model_folder_holds_only_what_a_model_user_needs_and_the_state_lies_beside_it(
+    tokenizer, tmp_path
+):
+    model, optimizer, scheduler = trained(tokenizer)
+    folder = save(tmp_path, 7, (model, tokenizer, optimizer, scheduler))
+    assert folder == tmp_path / "checkpoints" / "step-000007"
+    assert set(names(folder)) == MODEL_FILES
+    state = state_folder(folder)
+    assert state == tmp_path / "trainer_state" / "step-000007"
+    assert names(state) == ["trainer.json", "trainer_state.pt"]
+    # nothing staged is left behind
+    assert names(tmp_path) == ["checkpoints", "trainer_state"]
+    assert names(tmp_path / "checkpoints") == names(tmp_path / "trainer_state") == ["step-000007"]
+    assert read_meta(folder) == {"step": 7, "world_size": 1, **META}
+    assert latest(tmp_path) == folder
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(dict(loaded.named_parameters())[name], param, rtol=0, atol=0)
+    # the state is found from the model folder: Adam's moments after its one update come back
+    fresh = adam(loaded, 1e-2, (0.9, 0.999), 1e-8)
+    fresh_scheduler = schedule(fresh, 1, 4)
+    restore_training_state(folder, loaded, fresh, fresh_scheduler)
+    assert fresh_scheduler.last_epoch == scheduler.last_epoch == 1
+    by_name = dict(zip([n for n, _ in model.named_parameters()], model.parameters(), strict=True))
+    loaded_by_name = dict(loaded.named_parameters())
+    name = "model.layers.0.mlp.up_proj.weight"
+    expected = optimizer.state[by_name[name]]["exp_avg"]
+    torch.testing.assert_close(fresh.state[loaded_by_name[name]]["exp_avg"], expected, rtol=0, atol=0)
 
 
 def test_a_reader_of_the_folder_samples_as_the_protocol_does(tokenizer, tmp_path):
@@ -34,6 +101,50 @@ def test_a_reader_of_the_folder_samples_as_the_protocol_does(tokenizer, tmp_path
     assert config.suppress_tokens == list(range(len(tokenizer), model_vocab_size(model)))
     # the run's own model keeps its config: the held-out sampling passes its settings anyway
     assert model.generation_config.repetition_penalty == 1.3
+
+
+def test_pruning_removes_both_halves_and_a_step_needs_both_to_count(tokenizer, tmp_path):
+    model, optimizer, scheduler = trained(tokenizer)
+    parts = (model, tokenizer, optimizer, scheduler)
+    for step in (1, 2, 3):
+        save(tmp_path, step, parts, keep=2)
+    models, states = tmp_path / "checkpoints", tmp_path / "trainer_state"
+    assert names(models) == names(states) == ["step-000002", "step-000003"]
+    # a save stopped after its state was renamed, before its model folder was: step 4's state alone
+    shutil.copytree(states / "step-000003", states / "step-000004")
+    assert latest(tmp_path) == models / "step-000003"
+    # a model folder whose state is gone cannot be resumed from
+    shutil.rmtree(states / "step-000003")
+    assert latest(tmp_path) == models / "step-000002"
+    save(tmp_path, 5, parts, keep=2)
+    # the newest two whole steps are 2 and 5; step 3's lone model folder and step 4's lone state go
+    assert names(models) == names(states) == ["step-000002", "step-000005"]
+
+
+def test_the_state_is_in_place_before_the_model_folder_appears(tokenizer, tmp_path, monkeypatch):
+    model, optimizer, scheduler = trained(tokenizer)
+    parts = (model, tokenizer, optimizer, scheduler)
+    first = save(tmp_path, 1, parts)
+    real_replace = os.replace
+
+    def stopped_before_the_model_folder(src, dst):
+        if Path(dst) == tmp_path / "checkpoints" / "step-000002":
+            raise OSError("the machine went away")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", stopped_before_the_model_folder)
+    with pytest.raises(OSError, match="went away"):
+        save(tmp_path, 2, parts)
+    # step 2's state was already in place; without its model folder the step does not count
+    assert (tmp_path / "trainer_state" / "step-000002" / "trainer.json").is_file()
+    assert not (tmp_path / "checkpoints" / "step-000002").exists()
+    assert latest(tmp_path) == first
+    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+    again = save(tmp_path, 2, parts)  # the next save of the step replaces the leftovers
+    assert latest(tmp_path) == again and set(names(again)) == MODEL_FILES
+    assert (
+        names(tmp_path / "checkpoints") == names(tmp_path / "trainer_state") == ["step-000001", "step-000002"]
+    )
 
 
 # --- RoPE settings that transformers 4.x reads ---------------------------------------------------
