@@ -1,8 +1,8 @@
 """Checkpoints: a Hugging Face model folder, and beside it everything an exact resume needs.
 
 ``OUT/checkpoints/step-000040/`` holds what a user of the model needs, nothing else: safetensors,
-config, generation config (the protocol's sampling), tokenizer and chat template (``from_pretrained``,
-vLLM and the Hub take it as it is). ``OUT/trainer_state/step-000040/``
+config, generation config (the protocol's sampling), tokenizer, chat template and a model card
+``README.md`` (``from_pretrained``, vLLM and the Hub take it as it is). ``OUT/trainer_state/step-000040/``
 holds ``trainer_state.pt`` (optimizer, scheduler, every rank's RNG states) and ``trainer.json`` (step,
 number of ranks, sampler position, exact settings, data hash). Both are written under temporary
 names and renamed, the state first and the model folder last, so a model folder that exists is
@@ -35,10 +35,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.distributed import World, broadcast_from_main, gather_to_main
 from trainer.loop import rng_state, set_rng_state
+from trainer.model_card import model_card
 from trainer.models import save_model
 
 FOLDER = re.compile(r"^step-(\d{6,})$")
-STATE_FILE, META_FILE = "trainer_state.pt", "trainer.json"
+STATE_FILE, META_FILE, CARD_FILE = "trainer_state.pt", "trainer.json", "README.md"
 ALONE = World()
 # whole tensors, on CPU, on rank 0 only: the other ranks take part in the gathers and keep nothing
 GATHERED_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -94,8 +95,8 @@ def save_checkpoint(
 ) -> Path | None:
     """Write step ``step``'s model folder and its state atomically; keep the newest ``keep`` steps.
 
-    ``meta`` goes to ``trainer.json``. Every rank calls it (the gathers are collective); rank 0 writes
-    and returns the model folder, the others return None.
+    ``meta`` goes to ``trainer.json`` and, with the step, to the model card. Every rank calls it (the
+    gathers are collective); rank 0 writes and returns the model folder, the others return None.
     """
     weights = without_tied_copies(get_model_state_dict(model, options=GATHERED_ON_MAIN), model)
     optimizer_state = whole_optimizer_state(model, optimizer)
@@ -109,6 +110,7 @@ def save_checkpoint(
     for folder in (staging, staging_state):
         shutil.rmtree(folder, ignore_errors=True)
     save_model(model, tokenizer, staging, weights)
+    (staging / CARD_FILE).write_text(model_card(record))
     staging_state.mkdir(parents=True)
     state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
     torch.save(state, staging_state / STATE_FILE)

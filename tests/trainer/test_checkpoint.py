@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 import trainer.checkpoint as checkpoint
 from tests.trainer.conftest import tiny_model
 from trainer.checkpoint import latest, read_meta, restore_training_state, save_checkpoint, state_folder
 from trainer.loop import adam, schedule
+from trainer.model_card import model_card
 from trainer.models import model_vocab_size, save_model
 
 MODEL_FILES = {
@@ -26,6 +28,7 @@ MODEL_FILES = {
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
+    "README.md",
 }
 META = {"stage": "sft", "settings": {"steps": 40, "lr": 5e-5}, "data_hash": "d" * 64}
 
@@ -101,6 +104,89 @@ def test_a_reader_of_the_folder_samples_as_the_protocol_does(tokenizer, tmp_path
     assert config.suppress_tokens == list(range(len(tokenizer), model_vocab_size(model)))
     # the run's own model keeps its config: the held-out sampling passes its settings anyway
     assert model.generation_config.repetition_penalty == 1.3
+
+
+def test_the_model_card_names_the_base_the_data_and_the_held_out_figures(tokenizer, tmp_path):
+    meta = {
+        **META,
+        "base": "/models/qwen2.5-0.5b-instruct",
+        "lake": "/data/lake",
+        "train_states": 120,
+        "held_out_states": 12,
+        "left_out": {"gold_missing": 3, "prompt_too_long": 0},
+        "held_out_loss_start": 6.23456,
+        "held_out_start": {"held_out_loss": 6.23456, "parse_share": 0.0, "executable_share": None},
+        "held_out_end": {
+            "kind": "eval",
+            "step": 40,
+            "held_out_loss": 0.5,
+            "parse_share": 0.75,
+            "executable_share": 2 / 3,
+        },
+        "sampler": {"drawn": 160},
+    }
+    model, optimizer, scheduler = trained(tokenizer)
+    folder = save(tmp_path, 40, (model, tokenizer, optimizer, scheduler), meta)
+    card = ModelCard.load(folder / "README.md")  # Hugging Face's own reader of the front matter
+    assert card.data.to_dict() == {
+        "library_name": "transformers",
+        "pipeline_tag": "text-generation",
+        "base_model": "/models/qwen2.5-0.5b-instruct",
+        "tags": ["trajforge", "user-simulator", "shopping", "sft"],
+    }
+    text = card.text
+    assert "# trajforge shopper simulator (SFT)" in text
+    assert "after update 40 of 40" in text
+    assert "`/models/qwen2.5-0.5b-instruct`, fine-tuned" in text
+    assert f"| data hash (states and tokenizer) | `{'d' * 64}` |" in text
+    assert "| lake | `/data/lake` |" in text
+    assert "| train states | 120 |" in text and "| held-out states | 12 |" in text
+    assert "| 3: gold_missing 3 |" in text  # a reason counted 0 times is not one
+    # 6.23456 to four places; 2/3 to three; an executable share nobody could judge is a dash
+    assert "| | start (before the first update) | end (update 40) |" in text
+    assert "| held-out loss (response NLL per token, nats) | 6.2346 | 0.5000 |" in text
+    assert "| parse share (responses that are the JSON shape) | 0.000 | 0.750 |" in text
+    assert "| executable share (on the record's screen) | – | 0.667 |" in text
+    assert "objective" not in text.split("## Held-out figures")[1].split("##")[0]  # OPTD's, not SFT's
+    settings = text.split("```json\n")[1].split("\n```")[0]
+    assert json.loads(settings) == META["settings"]
+    assert '{"rationale": ' in text and "AutoModelForCausalLM.from_pretrained(folder)" in text
+
+
+def test_an_optd_card_distils_from_its_teacher_and_a_card_tolerates_what_is_missing():
+    teacher = "runs/sft/checkpoints/step-000040"
+    optd = model_card(
+        {"stage": "optd", "teacher": teacher, "held_out_start": {"objective": 1.5, "parse_share": 0.25}}
+    )
+    front = optd.split("---\n")[1]
+    assert f'base_model: "{teacher}"' in front and '- "optd"' in front
+    assert "2. OPTD (this checkpoint)" in optd and f"its checkpoint `{teacher}` is the teacher" in optd
+    # only the start is known: one column, and only the figures it has
+    assert "| | start (before the first update) |\n|---|---|\n| held-out OPTD objective | 1.5000 |" in optd
+    assert "| parse share (responses that are the JSON shape) | 0.250 |" in optd
+    assert "held-out loss" not in optd and "executable share (on" not in optd
+
+    bare = model_card({})
+    assert bare.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags:\n")
+    assert "base_model" not in bare and "## Held-out figures" not in bare and "## Settings" not in bare
+    assert "## How to use" in bare and "## Data\n\nNot recorded." in bare
+
+
+def test_the_cards_example_loads_the_folder_and_answers(tokenizer, tmp_path, capsys):
+    model, optimizer, scheduler = trained(tokenizer)
+    folder = save(tmp_path, 1, (model, tokenizer, optimizer, scheduler))
+    example = (folder / "README.md").read_text().split("```python\n")[1].split("```")[0]
+    assert 'folder = "path/to/this/folder"' in example
+    namespace: dict = {}
+    torch.manual_seed(0)
+    exec(example.replace("path/to/this/folder", str(folder)), namespace)
+    prompt, output = namespace["inputs"]["input_ids"], namespace["output"]
+    # the chat template ends the prompt with the assistant's turn; the answer is at most the protocol's 512
+    assert tokenizer.decode(prompt[0]).endswith("<|im_start|>assistant\n")
+    assert 0 < output.shape[1] - prompt.shape[1] <= 512
+    assert capsys.readouterr().out.strip("\n") == tokenizer.decode(
+        output[0, prompt.shape[1] :], skip_special_tokens=True
+    ).strip("\n")
 
 
 def test_pruning_removes_both_halves_and_a_step_needs_both_to_count(tokenizer, tmp_path):

@@ -316,6 +316,15 @@ def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generat
     meta = read_meta(folder)
     assert meta["stage"] == "optd" and meta["teacher"] == str(sft_checkpoint)
     assert not {"trainer.json", "trainer_state.pt"} & {p.name for p in folder.iterdir()}
+    card = (folder / "README.md").read_text()
+    # the student starts from its teacher; the card's figures are the run's, to four places
+    assert (
+        f'base_model: "{sft_checkpoint}"' in card
+        and f"its checkpoint `{sft_checkpoint}` is the teacher" in card
+    )
+    start, end = summary.held_out_start["objective"], summary.held_out_end["objective"]
+    assert f"| held-out OPTD objective | {start:.4f} | {end:.4f} |" in card and "end (update 10)" in card
+    assert "| train states | 20 |" in card and "| held-out states | 4 |" in card
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     record = load_records(lake, ["test"], ["single"])[0][0]

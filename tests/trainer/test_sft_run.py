@@ -97,6 +97,15 @@ def test_sft_lowers_the_held_out_loss_and_the_checkpoint_loads_and_generates(pip
     assert not {"trainer.json", "trainer_state.pt"} & {p.name for p in folder.iterdir()}
     trained_with = read_meta(folder)  # beside the model folder, in OUT/trainer_state/step-000008
     assert trained_with["settings"]["steps"] == 8 and trained_with["data_hash"] == summary.data_hash
+    card = (folder / "README.md").read_text()
+    # the card's figures are the run's: the held-out loss at the start and after update 8, four places
+    start, end = summary.held_out_loss_start, summary.held_out_loss_end
+    assert f"| held-out loss (response NLL per token, nats) | {start:.4f} | {end:.4f} |" in card
+    parse = (summary.held_out_responses_start["parse_share"], summary.held_out_responses_end["parse_share"])
+    assert f"| parse share (responses that are the JSON shape) | {parse[0]:.3f} | {parse[1]:.3f} |" in card
+    assert f"`{summary.data_hash}`" in card and f"| lake | `{pipeline_lake}` |" in card
+    assert f"| train states | {summary.train_states} |" in card and "| held-out states | 6 |" in card
+    assert "base_model" not in card  # the tiny default, trained from scratch
     record = load_records(pipeline_lake, ["test"], ["single"])[0][0]
     ids = torch.tensor([prompt_ids(tokenizer, record.messages())])
     generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
@@ -254,3 +263,4 @@ def test_a_pretrained_base_is_trained_with_its_own_tokenizer_and_template(tiny_l
         before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"]
     )
     assert read_meta(summary.checkpoint)["base"] == str(base)
+    assert f'base_model: "{base}"' in (Path(summary.checkpoint) / "README.md").read_text()
