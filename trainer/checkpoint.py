@@ -1,10 +1,12 @@
-"""Checkpoints: a Hugging Face model folder plus everything an exact resume needs.
+"""Checkpoints: a Hugging Face model folder, and beside it everything an exact resume needs.
 
-``OUT/checkpoints/step-000040/`` holds the model (safetensors, config, generation
-config, tokenizer, chat template: ``from_pretrained`` and vLLM load it as it is),
-``trainer_state.pt`` (optimizer, scheduler, every rank's RNG states) and ``trainer.json``
-(step, number of ranks, sampler position, exact settings, data hash). A folder is written
-under a temporary name and renamed, so one that exists is complete.
+``OUT/checkpoints/step-000040/`` holds what a user of the model needs, nothing else: safetensors,
+config, generation config (the protocol's sampling), tokenizer, chat template and a model card
+``README.md`` (``from_pretrained``, vLLM and the Hub take it as it is). ``OUT/trainer_state/step-000040/``
+holds ``trainer_state.pt`` (optimizer, scheduler, every rank's RNG states) and ``trainer.json`` (step,
+number of ranks, sampler position, exact settings, data hash). Both are written under temporary
+names and renamed, the state first and the model folder last, so a model folder that exists is
+complete and has its state.
 
 Under ``torchrun`` every rank takes part: the weights and the optimizer state are gathered
 whole from the shards (FSDP2) or taken from rank 0's replica (DDP), so the folder is the same
@@ -33,10 +35,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.distributed import World, broadcast_from_main, gather_to_main
 from trainer.loop import rng_state, set_rng_state
+from trainer.model_card import model_card
 from trainer.models import save_model
 
 FOLDER = re.compile(r"^step-(\d{6,})$")
-STATE_FILE, META_FILE = "trainer_state.pt", "trainer.json"
+STATE_FILE, META_FILE, CARD_FILE = "trainer_state.pt", "trainer.json", "README.md"
 ALONE = World()
 # whole tensors, on CPU, on rank 0 only: the other ranks take part in the gathers and keep nothing
 GATHERED_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -53,10 +56,24 @@ def checkpoints_dir(out: str | Path) -> Path:
     return Path(out) / "checkpoints"
 
 
+def states_dir(out: str | Path) -> Path:
+    return Path(out) / "trainer_state"
+
+
+def state_folder(checkpoint: str | Path) -> Path:
+    """The state folder of the model folder ``OUT/checkpoints/step-N``: ``OUT/trainer_state/step-N``."""
+    checkpoint = Path(checkpoint)
+    return states_dir(checkpoint.parent.parent) / checkpoint.name
+
+
+def steps_in(root: Path) -> dict[int, Path]:
+    return {int(m.group(1)): p for p in root.glob("step-*") if (m := FOLDER.match(p.name))}
+
+
 def step_folders(out: str | Path) -> list[tuple[int, Path]]:
-    root = checkpoints_dir(out)
-    found = [(int(m.group(1)), p) for p in root.glob("step-*") if (m := FOLDER.match(p.name))]
-    return sorted(found)
+    """The complete checkpoints, oldest first: steps whose model folder and state both exist."""
+    states = steps_in(states_dir(out))
+    return sorted((step, p) for step, p in steps_in(checkpoints_dir(out)).items() if step in states)
 
 
 def latest(out: str | Path) -> Path | None:
@@ -76,29 +93,55 @@ def save_checkpoint(
     keep: int,
     world: World = ALONE,
 ) -> Path | None:
-    """Write step ``step``'s checkpoint atomically; keep the newest ``keep`` step folders.
+    """Write step ``step``'s model folder and its state atomically; keep the newest ``keep`` steps.
 
-    Every rank calls it (the gathers are collective); rank 0 writes and returns the folder, the
-    others return None.
+    ``meta`` goes to ``trainer.json`` and, with the step, to the model card. Every rank calls it (the
+    gathers are collective); rank 0 writes and returns the model folder, the others return None.
     """
     weights = without_tied_copies(get_model_state_dict(model, options=GATHERED_ON_MAIN), model)
     optimizer_state = whole_optimizer_state(model, optimizer)
     rng_states = gather_to_main(rng_state(), world)
     if not world.is_main:
         return None
-    final = checkpoints_dir(out) / f"step-{step:06d}"
-    staging = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    save_model(model, tokenizer, staging, weights)
-    state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
-    torch.save(state, staging / STATE_FILE)
     record = {"step": step, "world_size": world.size, **meta}
-    (staging / META_FILE).write_text(json.dumps(record, indent=2, default=str))
-    shutil.rmtree(final, ignore_errors=True)
+    final = checkpoints_dir(out) / f"step-{step:06d}"
+    final_state = state_folder(final)
+    staging, staging_state = (f.with_name(f".{f.name}.tmp") for f in (final, final_state))
+    for folder in (staging, staging_state):
+        shutil.rmtree(folder, ignore_errors=True)
+    save_model(model, tokenizer, staging, weights)
+    (staging / CARD_FILE).write_text(model_card(record))
+    staging_state.mkdir(parents=True)
+    state = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
+    torch.save(state, staging_state / STATE_FILE)
+    (staging_state / META_FILE).write_text(json.dumps(record, indent=2, default=str))
+    # the old model folder goes first and the new one comes last: no moment shows a model folder
+    # beside a state that is not its own, or without one
+    discard(final)
+    discard(final_state)
+    os.replace(staging_state, final_state)
     os.replace(staging, final)
-    for _, old in step_folders(out)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(out, keep)
     return final
+
+
+def discard(folder: Path) -> None:
+    """Remove ``folder`` by first renaming it out of sight: a half-removed folder is never taken for one."""
+    if folder.exists():
+        gone = folder.with_name(f".{folder.name}.old")
+        shutil.rmtree(gone, ignore_errors=True)
+        os.replace(folder, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
+def prune(out: str | Path, keep: int) -> None:
+    """Keep the newest ``keep`` complete steps, model folder and state; remove every other step's halves
+    (a half left alone by an interrupted save included)."""
+    kept = {step for step, _ in step_folders(out)[-keep:]}
+    for root in (checkpoints_dir(out), states_dir(out)):
+        for step, folder in steps_in(root).items():
+            if step not in kept:
+                discard(folder)
 
 
 def without_tied_copies(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -120,7 +163,8 @@ def whole_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / META_FILE).read_text())
+    """``trainer.json`` of the model folder ``folder`` (read from its state folder)."""
+    return json.loads((state_folder(folder) / META_FILE).read_text())
 
 
 def restore_training_state(
@@ -130,12 +174,13 @@ def restore_training_state(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     world: World = ALONE,
 ) -> None:
-    """Optimizer, scheduler and RNG states of ``folder`` (the model is loaded from the folder itself).
+    """Optimizer, scheduler and RNG states saved with the model folder ``folder`` (the model itself is
+    loaded from the folder).
 
     Every rank calls it: rank 0 reads the file; the optimizer state is broadcast and each rank
     keeps its shard; each rank gets its own RNG states back.
     """
-    saved = torch.load(Path(folder) / STATE_FILE, weights_only=False) if world.is_main else {}
+    saved = torch.load(state_folder(folder) / STATE_FILE, weights_only=False) if world.is_main else {}
     optimizer_state = saved.pop("optimizer", None)
     rest = broadcast_from_main({**saved, "has_optimizer": optimizer_state is not None}, world)
     if rest["has_optimizer"]:

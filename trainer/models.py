@@ -10,6 +10,7 @@ Everything here imports with torch, transformers and tokenizers alone.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Iterable
@@ -208,26 +209,53 @@ def save_model(
     """Hugging Face folder: safetensors, config, generation config, tokenizer and chat template.
 
     ``weights``: the whole state dict to write instead of the model's own (a sharded model's, gathered).
+    The generation config samples as the protocol does; config and tokenizer load in transformers 4.x too.
     """
     folder = Path(folder)
     model.save_pretrained(folder, state_dict=weights)
+    protocol_sampling(model.generation_config).save_pretrained(folder)
+    portable_rope_config(folder / "config.json", getattr(model.config, "rope_parameters", None))
     tokenizer.save_pretrained(folder)
     portable_tokenizer_config(folder / "tokenizer_config.json", tokenizer.chat_template)
-    sampling_by_default(folder / "generation_config.json")
     return folder
 
 
-def sampling_by_default(path: Path) -> None:
-    """Make the saved generation config sample, from the plain distribution (no top-k).
+# PROTOCOL.md §3: the evaluation's sampling
+PROTOCOL_SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_new_tokens": 512}
 
-    A server sent a temperature and a top-p keeps the checkpoint's ``do_sample``: ``transformers serve``
-    would answer every request of the evaluation's ``openai:`` simulator greedily, where vLLM samples
-    whenever the temperature is above 0. A request with temperature 0 still decodes greedily, and callers
-    of ``generate`` that pass their own settings are not affected.
+
+def protocol_sampling(config: GenerationConfig) -> GenerationConfig:
+    """A copy of ``config`` (its eos, pad and suppressed ids kept) that samples as the protocol does.
+
+    A plain ``generate`` on the folder, and a server that fills what a request leaves out from it, then
+    sample what the evaluation samples: ``transformers serve`` keeps the folder's ``do_sample`` even when
+    sent a temperature, where vLLM samples whenever the temperature is above 0. ``top_k`` 0 and no
+    repetition penalty: the plain distribution, whatever a pretrained base shipped with. A request with
+    temperature 0 still decodes greedily, and callers passing their own settings are not affected.
     """
-    if path.is_file():
-        config = json.loads(path.read_text())
-        path.write_text(json.dumps(config | {"do_sample": True, "top_k": 0}, indent=2) + "\n")
+    sampling = copy.deepcopy(config)
+    sampling.update(**PROTOCOL_SAMPLING, repetition_penalty=None)
+    return sampling
+
+
+def portable_rope_config(path: Path, rope_parameters: dict | None) -> None:
+    """Write the RoPE base where transformers 4.x (and the vLLM builds on it) read it, beside 5's own.
+
+    transformers 5 keeps it in ``rope_parameters``; 4.x reads a top-level ``rope_theta`` (10000 when
+    absent) and ``rope_scaling`` (None for the plain rotation), and would rotate a model trained with
+    another base by the wrong frequencies without a word. 5 reads both keys back to the same parameters.
+    RoPE nested per layer type has no 4.x equivalent in these two keys and is left as it is.
+    """
+    if not rope_parameters or "rope_theta" not in rope_parameters:
+        return
+    config = json.loads(path.read_text())
+    config["rope_theta"] = rope_parameters["rope_theta"]
+    if "partial_rotary_factor" in rope_parameters:  # a top-level setting in 4.x
+        config["partial_rotary_factor"] = rope_parameters["partial_rotary_factor"]
+    if rope_parameters.get("rope_type", "default") != "default":
+        legacy = ("rope_theta", "partial_rotary_factor")
+        config["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k not in legacy}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def portable_tokenizer_config(path: Path, chat_template: str | None) -> None:

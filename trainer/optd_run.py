@@ -160,6 +160,9 @@ def prepare_optd(
         "stage": "optd",
         "teacher": str(sft),
         "settings": {**base.meta["settings"], "optd": optd.model_dump(mode="json")},
+        "train_states": len(train_states),
+        "held_out_states": len(held_out),
+        "left_out": dict(base.left_out),
     }
     return OPTDRun(
         base,
@@ -254,6 +257,8 @@ def run_optd(
     train_updates(run, metrics, start, end, progress)
     rows = metrics.rows() if metrics else []
     evaluations = [row for row in rows if row["kind"] == "eval"]
+    if evaluations:  # for the final checkpoint's model card
+        run.meta["held_out_end"] = evaluations[-1]
     summary = OPTDSummary(
         checkpoint=str(run.checkpoint(end) or ""),
         steps=end,

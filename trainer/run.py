@@ -249,7 +249,16 @@ def prepare_sft_run(
         world=world,
         body=body,
         trainer=trainer,
-        meta={"stage": "sft", "settings": settings_json(settings), "data_hash": digest},
+        meta={
+            "stage": "sft",
+            "settings": settings_json(settings),
+            "data_hash": digest,
+            # what the model card says of the data
+            "lake": str(lake),
+            "train_states": len(states),
+            "held_out_states": len(eval_states),
+            "left_out": dict(left_out + dropped),
+        },
         left_out=left_out + dropped,
         lake=Path(lake),
         sample_states=eval_states[: min(settings.eval_sample_states, settings.eval_max_states)],
@@ -264,6 +273,7 @@ def restore(run: SftRun, folder: Path) -> int:
     run.sampler.load_state_dict(meta["sampler"])
     run.trainer.updates = meta["step"]
     run.meta["held_out_loss_start"] = meta["held_out_loss_start"]
+    run.meta["held_out_start"] = meta["held_out_start"]
     return meta["step"]
 
 
@@ -299,6 +309,7 @@ def run_sft(
     if start == 0:
         evaluation = run.held_out()
         run.meta["held_out_loss_start"] = evaluation["held_out_loss"]
+        run.meta["held_out_start"] = evaluation
         if metrics:
             metrics.write({"kind": "eval", "step": 0, **evaluation})
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
@@ -306,6 +317,8 @@ def run_sft(
     rows = metrics.rows() if metrics else []
     evaluations = [row for row in rows if row["kind"] == "eval"]
     responses = [{k: v for k, v in row.items() if k not in LOSS_ROW_KEYS} for row in evaluations]
+    if evaluations:  # for the final checkpoint's model card
+        run.meta["held_out_end"] = evaluations[-1]
     summary = TrainSummary(
         checkpoint=str(run.checkpoint(end) or ""),
         steps=end,

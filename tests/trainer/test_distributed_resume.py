@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainer.test_optd import optd_settings, train_settings, write_lake
 from tests.trainer.torchrun import two_ranks
+from trainer.checkpoint import read_meta, state_folder
 from trainer.optd_run import run_optd
 from trainer.run import run_sft
 
@@ -95,7 +96,7 @@ def runs(lake, base, tmp_path_factory) -> Path:
     two_ranks(__file__, str(lake), str(base), str(out), "first")
     for strategy in STATES:
         stopped = out / strategy / "parts" / "checkpoints" / "step-000001"
-        assert json.loads((stopped / "trainer.json").read_text())["world_size"] == 2
+        assert read_meta(stopped)["world_size"] == 2
     two_ranks(__file__, str(lake), str(base), str(out), "rest")
     return out
 
@@ -139,7 +140,7 @@ def test_the_checkpoint_is_a_plain_folder_of_whole_tensors(strategy, runs):
     for name, param in model.named_parameters():
         torch.testing.assert_close(param, written[name], rtol=0, atol=0)
     # the optimizer state is whole too, by parameter name; every rank's RNG states, each its own
-    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    state = torch.load(state_folder(folder) / "trainer_state.pt", weights_only=False)
     shapes = {name: p.shape for name, p in model.named_parameters()}
     assert {name: s["exp_avg"].shape for name, s in state["optimizer"]["state"].items()} == shapes
     assert len(state["rng"]) == 2 and not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])

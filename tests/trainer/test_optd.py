@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tests.trainer.conftest import tiny_model
+from trainer.checkpoint import read_meta
 from trainer.config import TinyModelSettings, TrainSettings
 from trainer.data import EncodedState, RecordText, encode, load_records, prompt_ids
 from trainer.generation import (
@@ -312,8 +313,18 @@ def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generat
     assert all("parse_share" in r for r in rows if r["kind"] == "eval")
 
     folder = Path(summary.checkpoint)
-    meta = json.loads((folder / "trainer.json").read_text())
+    meta = read_meta(folder)
     assert meta["stage"] == "optd" and meta["teacher"] == str(sft_checkpoint)
+    assert not {"trainer.json", "trainer_state.pt"} & {p.name for p in folder.iterdir()}
+    card = (folder / "README.md").read_text()
+    # the student starts from its teacher; the card's figures are the run's, to four places
+    assert (
+        f'base_model: "{sft_checkpoint}"' in card
+        and f"its checkpoint `{sft_checkpoint}` is the teacher" in card
+    )
+    start, end = summary.held_out_start["objective"], summary.held_out_end["objective"]
+    assert f"| held-out OPTD objective | {start:.4f} | {end:.4f} |" in card and "end (update 10)" in card
+    assert "| train states | 20 |" in card and "| held-out states | 4 |" in card
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     record = load_records(lake, ["test"], ["single"])[0][0]
@@ -364,7 +375,7 @@ def test_cli_trains_optd_from_an_sft_checkpoint(prefect_harness, lake, sft_check
     assert result.exit_code == 0, result.output
     final = out / "checkpoints" / "step-000002"
     assert f"checkpoint: {final}" in result.output.replace("\n", "")
-    saved = json.loads((final / "trainer.json").read_text())["settings"]["optd"]
+    saved = read_meta(final)["settings"]["optd"]
     assert (saved["max_new_tokens"], saved["held_out_states"], saved["epsilon"]) == (16, 2, 0.02)
     assert "sampled held-out responses: parse " in result.output
     assert "without a screen: no_recorded_steps 2" in result.output  # a records-only lake

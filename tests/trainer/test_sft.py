@@ -266,7 +266,8 @@ def test_trainer_modules_import_without_the_pipeline_stack():
     code = (
         "import sys\n"
         f"for name in {blocked!r}:\n    sys.modules[name] = None\n"
-        "import trainer.checkpoint, trainer.data, trainer.loop, trainer.models, trainer.run, trainer.sft\n"
+        "import trainer.checkpoint, trainer.data, trainer.loop, trainer.model_card, trainer.models, trainer.run\n"
+        "import trainer.sft\n"
     )
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(

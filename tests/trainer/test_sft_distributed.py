@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM
 from tests.trainer.test_distributed_resume import rows
 from tests.trainer.test_optd import train_settings, write_lake
 from tests.trainer.torchrun import two_ranks
+from trainer.checkpoint import read_meta
 from trainer.data import load_records
 from trainer.loop import seed_everything
 from trainer.run import run_sft, starting_model
@@ -141,7 +142,7 @@ def test_two_ranks_make_the_single_process_updates(strategy, runs, alone, lake):
 @pytest.mark.parametrize("strategy", list(STATES))
 def test_a_resumed_two_rank_run_ends_where_the_uninterrupted_one_does(strategy, runs):
     stopped = runs / strategy / "parts" / "checkpoints" / "step-000001"
-    assert json.loads((stopped / "trainer.json").read_text())["world_size"] == 2
+    assert read_meta(stopped)["world_size"] == 2
     # the same float operations in the same order (gloo reduces two ranks deterministically, the sampler
     # and the optimizer state restored): the weights agree to the last bit
     whole, resumed = final_weights(runs / strategy / "whole"), final_weights(runs / strategy / "parts")
@@ -212,7 +213,7 @@ def test_the_command_line_trains_under_torchrun_with_one_flow_and_one_writer(lak
     printed = two_ranks("-m", "flows.cli", "train", *arguments)
     assert printed.count("trained in") == 1
     folder = out / "checkpoints" / "step-000002"
-    meta = json.loads((folder / "trainer.json").read_text())
+    meta = read_meta(folder)
     assert (meta["world_size"], meta["settings"]["strategy"]) == (2, "fsdp")
     assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(folder)
     assert [row["step"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [

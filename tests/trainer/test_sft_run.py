@@ -24,7 +24,13 @@ from extractors.pipeline import extract_lake
 from flows.cli import app
 from synthetic.bundle import write_bundle
 from tests.trainer.conftest import tiny_model
-from trainer.checkpoint import check_resumable, read_meta, restore_training_state, save_checkpoint
+from trainer.checkpoint import (
+    check_resumable,
+    read_meta,
+    restore_training_state,
+    save_checkpoint,
+    state_folder,
+)
 from trainer.config import TinyModelSettings, TrainSettings
 from trainer.data import load_records, prompt_ids
 from trainer.loop import adam, schedule
@@ -88,8 +94,18 @@ def test_sft_lowers_the_held_out_loss_and_the_checkpoint_loads_and_generates(pip
     folder = Path(summary.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    trained_with = json.loads((folder / "trainer.json").read_text())
+    assert not {"trainer.json", "trainer_state.pt"} & {p.name for p in folder.iterdir()}
+    trained_with = read_meta(folder)  # beside the model folder, in OUT/trainer_state/step-000008
     assert trained_with["settings"]["steps"] == 8 and trained_with["data_hash"] == summary.data_hash
+    card = (folder / "README.md").read_text()
+    # the card's figures are the run's: the held-out loss at the start and after update 8, four places
+    start, end = summary.held_out_loss_start, summary.held_out_loss_end
+    assert f"| held-out loss (response NLL per token, nats) | {start:.4f} | {end:.4f} |" in card
+    parse = (summary.held_out_responses_start["parse_share"], summary.held_out_responses_end["parse_share"])
+    assert f"| parse share (responses that are the JSON shape) | {parse[0]:.3f} | {parse[1]:.3f} |" in card
+    assert f"`{summary.data_hash}`" in card and f"| lake | `{pipeline_lake}` |" in card
+    assert f"| train states | {summary.train_states} |" in card and "| held-out states | 6 |" in card
+    assert "base_model" not in card  # the tiny default, trained from scratch
     record = load_records(pipeline_lake, ["test"], ["single"])[0][0]
     ids = torch.tensor([prompt_ids(tokenizer, record.messages())])
     generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
@@ -163,7 +179,7 @@ def test_a_checkpoint_before_any_update_saves_no_optimizer_state_and_restores_th
         tmp_path, 1, model, tokenizer, optimizer, schedule(optimizer, 1, 4), meta, keep=1
     )
     assert not optimizer.state
-    assert torch.load(folder / "trainer_state.pt", weights_only=False)["optimizer"] is None
+    assert torch.load(state_folder(folder) / "trainer_state.pt", weights_only=False)["optimizer"] is None
     after_save = torch.rand(3)  # what the run would draw next
 
     resumed = AutoModelForCausalLM.from_pretrained(folder)
@@ -246,4 +262,5 @@ def test_a_pretrained_base_is_trained_with_its_own_tokenizer_and_template(tiny_l
     assert not torch.equal(
         before["model.layers.0.mlp.up_proj.weight"], after["model.layers.0.mlp.up_proj.weight"]
     )
-    assert json.loads((Path(summary.checkpoint) / "trainer.json").read_text())["base"] == str(base)
+    assert read_meta(summary.checkpoint)["base"] == str(base)
+    assert f'base_model: "{base}"' in (Path(summary.checkpoint) / "README.md").read_text()
