@@ -24,8 +24,9 @@ import polars as pl
 from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
 from evaluation.replay import SKIP_REASONS, ReplayCursor, ScoredStep
-from transforms.lake import recorded_settings, scan_table, table_files
-from transforms.prompts import REJECT_REASONS, Accepted, PromptSettings, Rejected, parse_response
+from transforms.lake import scan_table, table_files
+from transforms.prompts import REJECT_REASONS, Accepted, Rejected, parse_response
+from transforms.records import recorded_prompt_settings
 
 NO_RECORDED_STEPS = "no_recorded_steps"  # the lake holds records but no steps or sessions to replay
 RECORD_NOT_IN_LAKE = "record_not_in_lake"
@@ -41,8 +42,8 @@ NO_SCREEN_REASONS: tuple[str, ...] = (
 
 
 def lake_environment(lake: str | Path) -> EnvironmentSettings:
-    """The environment in the geometry the lake was ingested with (the one its prompts show)."""
-    return EnvironmentSettings(prompt=PromptSettings(geometry=recorded_settings(lake).geometry))
+    """The environment as the lake's records show it: their prompt settings, the ingest's geometry."""
+    return EnvironmentSettings(prompt=recorded_prompt_settings(lake))
 
 
 @dataclass(frozen=True)
@@ -141,3 +142,25 @@ def judge_responses(
         else:
             report.executable += 1
     return report
+
+
+class ScreenJudge:
+    """The trainer's response judge for a lake: each record's screen placed the first time it is asked
+    for, then every response to it judged there (``trainer.run.ResponseJudge``)."""
+
+    def __init__(self, lake: str | Path, settings: EnvironmentSettings | None = None) -> None:
+        self.lake, self.settings = lake, settings
+        self.screens = RecordScreens({}, {})
+
+    def __call__(self, record_ids: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+        missing = [
+            r
+            for r in dict.fromkeys(record_ids)
+            if r not in self.screens.steps and r not in self.screens.unplaced
+        ]
+        if missing:
+            placed = record_screens(self.lake, missing, self.settings)
+            self.screens = RecordScreens(
+                {**self.screens.steps, **placed.steps}, {**self.screens.unplaced, **placed.unplaced}
+            )
+        return judge_responses(self.screens, record_ids, texts).as_json()

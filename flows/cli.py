@@ -237,19 +237,18 @@ def run(
     from extractors.config import ExtractSettings
     from flows.chain import print_chain_summary
     from flows.extract import print_summary as print_extract_summary
-    from flows.main_job import MainJobSettings, demo_optd, demo_training, main_job_flow
+    from flows.main_job import MainJobSettings, demo_optd, demo_records, demo_training, main_job_flow
     from flows.records import print_records_summary
-    from transforms.prompts import PromptSettings
     from transforms.readers import BundleError
     from validation.report import GateError
 
     started = time.perf_counter()
     stages = {
         "settings": load_settings(IngestSettings, "ingest", config),
-        "records": load_settings(PromptSettings, "records", config),
+        "records": demo_records(toml_section(config, "records")),
         "extract": load_settings(ExtractSettings, "extract", config),
         "train": demo_training(toml_section(config, "train")),
-        "optd": demo_optd(toml_section(config, "optd")),
+        "optd": demo_optd(toml_section(config, "train"), toml_section(config, "optd")),
         "job": load_settings(MainJobSettings, "main_job", config),
     }
     raw, lake = workdir / "raw", workdir / "lake"

@@ -25,9 +25,9 @@ from evaluation.report import EFFECT_KEYS, comparison_markdown, write_report
 from evaluation.simulators import LAKE_SIMULATORS, Sampling, StateSimulator, simulator_for_lake
 from flows.alignment import alignment_report
 from flows.ingest import world_path
-from flows.records import with_lake_geometry
 from flows.score import export_real_traces, score_files
 from flows.world import effect_for_lake, held_out_users, world_from_lake
+from transforms.records import recorded_prompt_settings
 
 # the synthetic world's shoppers are wired in here: evaluation/ never imports synthetic/
 LAKE_SIMULATORS["world"] = world_from_lake
@@ -90,8 +90,9 @@ def simulate(
     lake: str, spec: str, out: str, session_ids: list[str], sampling: dict[str, Any], batch_size: int
 ) -> dict[str, Any]:
     """Rollout and replay traces of one simulator over the chosen sessions (resuming what is there), in
-    the geometry the lake was ingested with (the one its training prompts show)."""
-    settings = EnvironmentSettings(prompt=with_lake_geometry(lake, None))
+    prompts the lake's records were rendered with (the ones a trained simulator was shown) and the
+    geometry the lake was ingested with."""
+    settings = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
     sessions = load_sessions(lake, session_ids, settings=settings)
     simulator = simulator_for_lake(spec, lake, Sampling(**sampling))
     stem = Path(out) / trace_name(spec)

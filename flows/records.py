@@ -17,7 +17,7 @@ from flows.catalog import refresh_catalog_task
 from flows.chain import write_json
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
-from transforms.lake import RUNS, recorded_settings, scan_table
+from transforms.lake import recorded_settings, scan_table
 from transforms.prompts import PromptSettings
 from transforms.records import (
     MODES,
@@ -25,12 +25,13 @@ from transforms.records import (
     NothingToTrainOn,
     RecordsSummary,
     export_chat_jsonl,
+    records_summary_path,
     write_records,
 )
 
 
 def summary_path(lake: str | Path) -> Path:
-    return Path(lake) / RUNS / "records" / "summary.json"
+    return records_summary_path(lake)
 
 
 @task(name="build-records", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)

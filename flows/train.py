@@ -15,9 +15,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
-from flows.settings import load_settings
-from trainer.config import TrainSettings
-from trainer.optd_config import OPTDSettings
+from flows.settings import load_settings, toml_section
+from trainer.config import OPTDSettings, TrainSettings, optd_settings
 
 Stage = Literal["sft", "optd"]
 
@@ -26,20 +25,25 @@ class StageNotAvailable(RuntimeError):
     """A training stage that cannot run with the arguments given."""
 
 
+def screen_judge(lake: str) -> Any:
+    """The evaluation's check of sampled responses on their records' screens, for this lake."""
+    from evaluation.executable import ScreenJudge  # the data stack loads with a run, not the CLI
+
+    return ScreenJudge(lake)
+
+
 @task(name="train-sft", cache_policy=NO_CACHE)
 def sft_task(lake: str, out: str, base: str | None, settings: TrainSettings, resume: bool) -> dict[str, Any]:
     from trainer.run import run_sft  # torch loads when a run starts, not with the command line
 
-    return asdict(run_sft(settings, lake, out, base=base, resume=resume))
+    return asdict(run_sft(settings, lake, out, base=base, resume=resume, judge=screen_judge(lake)))
 
 
 @task(name="train-optd", cache_policy=NO_CACHE)
-def optd_task(
-    lake: str, out: str, base: str, settings: TrainSettings, optd: OPTDSettings | None, resume: bool
-) -> dict[str, Any]:
+def optd_task(lake: str, out: str, base: str, settings: OPTDSettings, resume: bool) -> dict[str, Any]:
     from trainer.optd_run import run_optd
 
-    return asdict(run_optd(settings, optd or OPTDSettings(), lake, out, base, resume=resume))
+    return asdict(run_optd(settings, lake, out, base, resume=resume, judge=screen_judge(lake)))
 
 
 @task(name="record-train-run", cache_policy=NO_CACHE)
@@ -59,9 +63,9 @@ def _counts(counts: dict[str, int]) -> str:
 
 def responses_markdown(start: dict[str, Any] | None, end: dict[str, Any] | None) -> str:
     """The sampled held-out responses (PROTOCOL §2): parse and executable shares, start -> end."""
-    if not (start or end):
-        return "sampled held-out responses: none"
     first, last = start or {}, end or {}
+    if "parse_share" not in first | last:
+        return "sampled held-out responses: none"
     return (
         f"sampled held-out responses: parse {_value(first.get('parse_share'))} -> "
         f"{_value(last.get('parse_share'))}, executable {_value(first.get('executable_share'))} -> "
@@ -71,27 +75,34 @@ def responses_markdown(start: dict[str, Any] | None, end: dict[str, Any] | None)
     )
 
 
+PROBE_KEYS = ("teacher_probe_intent_gain", "probe_intent_gain", "probe_mean_lambda", "probe_binding_share",
+              "probe_guidance_kl")  # fmt: skip
+
+
 def held_out_markdown(s: dict[str, Any]) -> str:
-    if "held_out_loss_start" in s:  # sft
-        start, end = s["held_out_loss_start"], s["held_out_loss_end"]
-        responses = responses_markdown(s.get("held_out_responses_start"), s.get("held_out_responses_end"))
-        return (
-            f"held-out loss ({s['held_out_states']} states): {_value(start)} -> {_value(end)}\n\n{responses}"
-        )
-    start, end = s["held_out_start"] or {}, s["held_out_end"] or {}
-    shares = ("parse_share", "executable_share")  # on the responses' line
-    measures = [k for k, v in (start | end).items() if isinstance(v, float) and k not in shares]
-    rows = "\n".join(f"| {name} | {_value(start.get(name))} | {_value(end.get(name))} |" for name in measures)
-    table = f"| measure | start | end |\n|---|---:|---:|\n{rows}"
-    return f"held-out states: {s['held_out_states']}\n\n{table}\n\n{responses_markdown(start, end)}"
+    start, end = s.get("held_out_start") or {}, s.get("held_out_end") or {}
+    lines = [
+        f"held-out loss ({s['held_out_states']} states of {s['held_out_users']} held-out users): "
+        f"{_value(start.get('held_out_loss'))} -> {_value(end.get('held_out_loss'))}",
+        responses_markdown(start, end),
+    ]
+    probe = [f"{k} {_value(start.get(k))} -> {_value(end.get(k))}" for k in PROBE_KEYS if k in start | end]
+    if probe:
+        lines.append("probe states (intent-bearing, never drawn): " + "; ".join(probe))
+    means = (s.get("stage_figures") or {}).get("updates_mean") or {}
+    if means:
+        lines.append("mean over updates: " + ", ".join(f"{k} {v:.4f}" for k, v in means.items()))
+    return "\n\n".join(lines)
 
 
 def summary_markdown(stage: str, s: dict[str, Any]) -> str:
     left_out = "\n".join(f"| {k} | {v:,} |" for k, v in s["left_out"].items()) or "| – | 0 |"
+    seconds = s.get("seconds") or {}
+    timing = ", ".join(f"{k.replace('_', '-')} {v:.1f}s" for k, v in seconds.items())
     return (
         f"# Train ({stage})\n\n"
-        f"{s['steps']} updates ({s['skipped_steps']} skipped as non-finite) "
-        f"on {s['train_states']:,} states\n\n"
+        f"{s['steps']} updates ({s['skipped_steps']} skipped as non-finite) drawing from "
+        f"{s['train_states']:,} states ({s['prepared_states']:,} prepared); {timing}\n\n"
         f"{held_out_markdown(s)}\n\n"
         f"| left out | records |\n|---|---:|\n{left_out}\n\n"
         f"checkpoint: `{s['checkpoint']}`, data hash `{s['data_hash'][:16]}`\n"
@@ -104,42 +115,40 @@ def train_flow(
     out: str,
     stage: Stage = "sft",
     base: str | None = None,
-    settings: TrainSettings | None = None,
+    settings: TrainSettings | OPTDSettings | None = None,
     resume: bool = False,
-    optd: OPTDSettings | None = None,
 ) -> str:
     """Train ``stage`` on ``lake``'s records into ``out``; returns the final checkpoint folder.
 
     ``sft`` starts from ``base`` (a pretrained folder) or the tiny default; ``optd`` needs
-    ``base``: the SFT checkpoint, frozen as the teacher and copied as the student's start.
+    ``base``: the SFT checkpoint or run folder, frozen as the teacher and copied as the student's
+    start. ``settings``: ``TrainSettings`` for sft, ``OPTDSettings`` for optd.
     """
-    settings = settings or TrainSettings()
     if stage == "sft":
-        summary = sft_task(lake, out, base, settings, resume)
+        summary = sft_task(lake, out, base, settings or TrainSettings(), resume)
     elif base is None:
         raise StageNotAvailable("--stage optd needs --base: the SFT checkpoint (teacher and student start)")
     else:
-        summary = optd_task(lake, out, base, settings, optd, resume)
+        chosen = (
+            settings
+            if isinstance(settings, OPTDSettings)
+            else optd_settings(settings.model_dump() if settings else None)
+        )
+        summary = optd_task(lake, out, base, chosen, resume)
     get_run_logger().info("%s", held_out_markdown(summary))
     record_run(stage, summary)
     return summary["checkpoint"]
 
 
 def train_alongside(
-    stage: Stage,
-    lake: Path,
-    out: Path,
-    base: Path | None,
-    settings: TrainSettings,
-    optd: OPTDSettings | None,
-    resume: bool,
+    stage: Stage, lake: Path, out: Path, base: Path | None, settings: TrainSettings, resume: bool
 ) -> None:
     """A rank other than 0's part of the run: the stage's training itself, outside Prefect."""
     paths = str(lake.resolve()), str(out.resolve())
     if stage == "sft":
         sft_task.fn(*paths, str(base.resolve()) if base else None, settings, resume)
     elif base is not None:  # without it rank 0 stops the run with the reason
-        optd_task.fn(*paths, str(base.resolve()), settings, optd, resume)
+        optd_task.fn(*paths, str(base.resolve()), settings, resume)
 
 
 def train_command(
@@ -156,7 +165,12 @@ def train_command(
     config: Annotated[
         Path | None,
         # escaped: Rich would read [train] as markup and print nothing in its place
-        typer.Option("--config", help="TOML file with \\[train] settings", exists=True, dir_okay=False),
+        typer.Option(
+            "--config",
+            help="TOML file with \\[train] settings (optd: \\[optd] on top of them)",
+            exists=True,
+            dir_okay=False,
+        ),
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the newest checkpoint in --out")
@@ -167,12 +181,14 @@ def train_command(
     if stage not in ("sft", "optd"):
         console.print(f"[red]stopped:[/red] unknown stage {stage!r}: sft | optd")
         raise typer.Exit(1)
-    settings = load_settings(TrainSettings, "train", config)
-    optd = load_settings(OPTDSettings, "optd", config) if stage == "optd" else None
+    if stage == "sft":
+        settings: TrainSettings = load_settings(TrainSettings, "train", config)
+    else:
+        settings = optd_settings(toml_section(config, "train"), toml_section(config, "optd"))
     if int(os.environ.get("RANK", "0")) > 0:
         # under torchrun rank 0 runs the flow (logs, artifact, summary); the others train beside it, quietly
         try:
-            train_alongside(stage, lake, out, base, settings, optd, resume)  # type: ignore[arg-type]
+            train_alongside(stage, lake, out, base, settings, resume)  # type: ignore[arg-type]
         except (FileNotFoundError, ValueError):
             raise typer.Exit(1) from None  # rank 0 meets the same error and says it
         return
@@ -185,7 +201,6 @@ def train_command(
             base=str(base.resolve()) if base else None,
             settings=settings,
             resume=resume,
-            optd=optd,
         )
     except (StageNotAvailable, FileNotFoundError, ValueError) as err:
         console.print(f"[red]stopped:[/red] {err}", soft_wrap=True)

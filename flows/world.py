@@ -32,6 +32,7 @@ from evaluation.effect import (
     effect_fidelity,
     rollout_counts,
 )
+from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
 from evaluation.session import Session
@@ -45,6 +46,7 @@ from transforms.config import Geometry, IngestSettings
 from transforms.ingest import ingest_bundle
 from transforms.lake import scan_table
 from transforms.prompts.render import reviews_shown
+from transforms.records import recorded_prompt_settings
 from transforms.rekey import Pseudonymizer
 from transforms.schemas import ACTIONS
 
@@ -253,7 +255,14 @@ def split_halves(users: Sequence[str], seed: int) -> tuple[list[str], list[str]]
     return sorted(ordered[i] for i in order[:half]), sorted(ordered[i] for i in order[half:])
 
 
-def policy_arm(world: WorldSimulator, name: str, policy: str, users: Sequence[str], folder: Path) -> Arm:
+def policy_arm(
+    world: WorldSimulator,
+    name: str,
+    policy: str,
+    users: Sequence[str],
+    folder: Path,
+    environment: EnvironmentSettings | None = None,
+) -> Arm:
     """``users`` (lake pseudonyms) browsing feeds ranked by ``policy``: the world simulates all its
     shoppers under the policy (deterministic per seed), keeps these users' sessions, writes them as a
     raw bundle and ingests it with the lake's key, so their ids are pseudonyms the world knows."""
@@ -281,7 +290,7 @@ def policy_arm(world: WorldSimulator, name: str, policy: str, users: Sequence[st
     shutil.rmtree(raw, ignore_errors=True)
     write_tables(tables, raw, "parquet", 1)
     ingest_bundle(raw, lake, IngestSettings(rekey_key=world.rekey_key))
-    return Arm(name, policy, load_sessions(lake), _real_counts(world, run, chosen))
+    return Arm(name, policy, load_sessions(lake, settings=environment), _real_counts(world, run, chosen))
 
 
 def _real_counts(world: WorldSimulator, run: Run, users: np.ndarray) -> pl.DataFrame:
@@ -311,11 +320,13 @@ def effect_for_lake(
     PV-CTR, the simulator rolled out on the same sessions the simulated one."""
     world = world or world_from_lake(lake)
     half_a, half_b = split_halves(users if users is not None else held_out_users(lake, split), seed)
+    # the arms' sessions are shown as the lake's own records show theirs (a trained simulator's prompts)
+    environment = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
     counts = []
     with tempfile.TemporaryDirectory(prefix="ab-arms-") as folder:
         for name, policy, half in zip((ARM_A, ARM_B), ARMS, (half_a, half_b), strict=True):
-            arm = policy_arm(world, name, policy, half, Path(folder))
-            rollouts = [Rollout(session) for session in arm.sessions]
+            arm = policy_arm(world, name, policy, half, Path(folder), environment)
+            rollouts = [Rollout(session, environment) for session in arm.sessions]
             drive(rollouts, simulator)
             counts.append(arm_counts(name, arm.real, rollout_counts(rollouts)))
     return effect_fidelity(pl.concat(counts), resamples=resamples, seed=seed)

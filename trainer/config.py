@@ -1,10 +1,13 @@
-"""Typed settings of the trainer (one model, written into every checkpoint).
+"""Typed settings of the trainer: ``TrainSettings`` for both stages, ``OPTDSettings`` extending it.
 
 Defaults are sized for the tiny embedded model on a couple of CPU cores. The paper's
 values (UserArena OPTD, a 2B backbone on a GPU cluster; OPTD.md) are given beside
 each field where the paper has one: Adam with zero weight decay, linear warm-up then
 linear decay, peak LR 2e-8, BF16; RecVerse's SFT warm-up resamples action classes with
 q_i proportional to n_i^0.3 and uses LR 2e-7.
+
+Imports pydantic only (and the torch-free sampling dataclass), so the command line reads the
+settings without loading torch.
 """
 
 from __future__ import annotations
@@ -14,8 +17,16 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.sampling import SamplingSettings
+
 if TYPE_CHECKING:
     from trainer.models import TinyModelSpec
+    from trainer.objective import ObjectiveSettings
+
+#: PROTOCOL §3's evaluation sampling, with a shorter cap: a trained answer is under 100 tokens
+HELD_OUT_SAMPLING = SamplingSettings(temperature=1.0, top_p=0.95, max_new_tokens=256)
+#: the reference's on-policy sampling for OPTD (OPTD.md §2)
+ROLLOUT_SAMPLING = SamplingSettings(temperature=0.8, top_p=1.0, max_new_tokens=512)
 
 
 class TinyModelSettings(BaseModel):
@@ -33,11 +44,14 @@ class TinyModelSettings(BaseModel):
     )
     num_kv_heads: int = Field(1, ge=1)
     max_positions: int = Field(4096, ge=64)
+    tokenizer_records: int = Field(
+        4000, ge=1, description="training records (sampled by seed) the BPE tokenizer is trained on"
+    )
 
     def spec(self) -> TinyModelSpec:
         from trainer.models import TinyModelSpec  # torch is imported by a run, not by the settings
 
-        return TinyModelSpec(**self.model_dump())
+        return TinyModelSpec(**self.model_dump(exclude={"tokenizer_records"}))
 
 
 class TrainSettings(BaseSettings):
@@ -51,12 +65,28 @@ class TrainSettings(BaseSettings):
         ["single", "cross"], description="record modes trained on"
     )
     train_split: str = "train"
-    eval_split: str = Field("val", description="held-out split whose loss is reported")
-    eval_max_states: int = Field(64, ge=1, description="held-out states scored (the first by key)")
-    eval_sample_states: int = Field(
-        8, ge=0, description="of those, the first whose sampled responses are judged (PROTOCOL §2); 0: none"
+    eval_split: str = Field("val", description="split of the held-out users (never trained on)")
+    held_out_states: int = Field(
+        64, ge=0, description="held-out states scored (NLL), one per session, sessions in a fixed hash order"
     )
-    eval_max_new_tokens: int = Field(256, ge=1, description="longest held-out response sampled")
+    held_out_sampled: int = Field(
+        16, ge=0, description="of those, the first whose sampled responses are judged (PROTOCOL §2)"
+    )
+    held_out_sampling: SamplingSettings = Field(
+        HELD_OUT_SAMPLING, description="how held-out responses are sampled (the protocol's, 256 new tokens)"
+    )
+    probe_states: int = Field(
+        8,
+        ge=0,
+        description="intent-bearing train states kept out of every update, to measure the intent's signal",
+    )
+    teacher_intent_share: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="SFT: share of intent-bearing states trained with the intent in the prompt "
+        "(a teacher that can read an intent); 0: never",
+    )
     max_prompt_tokens: int = Field(4096, ge=8, description="longer states are dropped and counted, never cut")
     max_response_tokens: int = Field(256, ge=2, description="longer gold responses are dropped and counted")
     class_resampling_alpha: float | None = Field(
@@ -80,10 +110,10 @@ class TrainSettings(BaseSettings):
     )
     torch_threads: int | None = Field(2, ge=1, description="CPU threads for torch (None: torch's default)")
     strategy: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="data parallelism under torchrun, both stages (fsdp: FSDP2, weights sharded)"
+        "ddp", description="data parallelism under torchrun (fsdp: FSDP2, weights sharded)"
     )
     # --- bookkeeping -------------------------------------------------------------------
-    eval_every: int = Field(20, ge=0, description="held-out loss every N updates (0: only at the end)")
+    eval_every: int = Field(20, ge=0, description="held-out evaluation every N updates (0: only at the end)")
     checkpoint_every: int = Field(20, ge=0, description="checkpoint every N updates (0: only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="step checkpoints kept (oldest removed first)")
     tiny: TinyModelSettings = TinyModelSettings()
@@ -92,4 +122,55 @@ class TrainSettings(BaseSettings):
     def _micro_fits(self) -> TrainSettings:
         if self.micro_batch_states > self.states_per_update:
             raise ValueError("micro_batch_states cannot exceed states_per_update")
+        if self.held_out_sampled > self.held_out_states:
+            raise ValueError("held_out_sampled cannot exceed held_out_states")
         return self
+
+
+class OPTDSettings(TrainSettings):
+    """The OPTD stage: the training settings (TOML ``[train]``) with ``[optd]`` on top, and its own values.
+
+    Defaults are the paper's (UserArena OPTD; OPTD.md) where it has one.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TRAJFORGE_OPTD_", extra="forbid")
+
+    epsilon: float = Field(0.02, ge=0, description="per-token bound on KL(q^lambda || q^0) (paper: 0.02)")
+    trust_region: bool = Field(
+        True, description="False: lambda = lambda_max on every token (the ablation without a trust region)"
+    )
+    lambda_max: float = Field(1.0, ge=0, description="largest guidance weight (paper: 1)")
+    bisection_steps: int = Field(8, ge=0, description="error <= lambda_max / 2^steps (paper: 8)")
+    beta: float = Field(
+        0.5, ge=0, le=1, description="generalized-JSD mixture weight (paper: 0.5); 0: KL(q||p), 1: KL(p||q)"
+    )
+    gamma: float = Field(0.1, ge=0, description="weight of the grounding NLL (paper: 0.1)")
+    grounding_class_weights: bool = Field(
+        False, description="grounding NLL weighted per state by freq(action)^-0.5, mean 1, capped at 2"
+    )
+    teacher_sees_intent: bool = Field(
+        True, description="False: the teacher scores without the intent (self-distillation ablation)"
+    )
+    rollout_sampling: SamplingSettings = Field(
+        ROLLOUT_SAMPLING, description="on-policy sampling (reference: temperature 0.8, 512 new tokens)"
+    )
+    chunk_size: int = Field(256, ge=1, description="response positions projected through the head at once")
+    generator: Literal["hf", "vllm"] = Field("hf", description="vllm: GPU and the optional extra only")
+
+    def objective(self) -> ObjectiveSettings:
+        import math
+
+        from trainer.objective import ObjectiveSettings  # torch loads with a run, not with the settings
+
+        return ObjectiveSettings(
+            epsilon=self.epsilon if self.trust_region else math.inf,
+            lambda_max=self.lambda_max,
+            steps=self.bisection_steps,
+            beta=self.beta,
+            gamma=self.gamma,
+        )
+
+
+def optd_settings(train: dict | None = None, optd: dict | None = None) -> OPTDSettings:
+    """OPTD settings from a ``[train]`` section with ``[optd]`` on top (OPTD extends the training)."""
+    return OPTDSettings(**{**(train or {}), **(optd or {})})

@@ -1,10 +1,17 @@
-"""Training states: the lake's records, tokenized with the model's chat template, batched and sampled.
+"""Training states: the lake's records, tokenized with the model's chat template when first used.
 
 A state is one record: prompt ids (system + user turns, generation prompt added) and
 response ids (the gold JSON, then eos). Records without a gold response are skipped
 and counted. A state longer than the configured limits is dropped and counted, never
 cut: cutting the start of the prompt would cut the profile and history the simulator
 is conditioned on, and cutting the response would teach it to stop mid-JSON.
+
+A run tokenizes only the states it draws (``StatePool``), its held-out states and its probe
+states: the pool holds every record's text, and the sampler draws indices into it.
+
+Held-out states are one per session of the held-out users' split, the sessions in a fixed
+order (a hash of the session id), so every run on a lake scores the same states whatever its
+seed or stage: the SFT and OPTD curves compare.
 
 Reads with pyarrow, tokenizes with transformers: no polars at import time.
 """
@@ -13,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +29,20 @@ import pyarrow.dataset as ds
 import torch
 from transformers import PreTrainedTokenizerBase
 
-COLUMNS = ["record_id", "mode", "system", "prompt", "response", "action", "intent", "split"]
+COLUMNS = [
+    "record_id",
+    "session_id",
+    "user_id",
+    "mode",
+    "system",
+    "prompt",
+    "response",
+    "action",
+    "intent",
+    "split",
+]
 GOLD_MISSING = "gold_missing"  # the records stage's reason code for a null gold response, where it writes one
+INTENT_HEADING = "## Your intent over this whole trajectory"
 
 
 @dataclass(frozen=True)
@@ -37,9 +56,23 @@ class RecordText:
     action: str
     intent: str | None
     split: str
+    session_id: str | None = None
+    user_id: str | None = None
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.prompt}]
+
+    def privileged_messages(self) -> list[dict[str, str]]:
+        """The messages with the trajectory intent z_u appended to the user turn (the teacher's view)."""
+        if not self.intent:
+            raise ValueError(f"{self.key} has no intent: it has no privileged prompt")
+        user = f"{self.prompt}\n\n{INTENT_HEADING}\n{self.intent}"
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": user}]
+
+    @property
+    def record_id(self) -> str:
+        """The records table's ``record_id`` (the key is ``mode/record_id``)."""
+        return self.key.split("/", 1)[1] if "/" in self.key else self.key
 
 
 @dataclass(frozen=True)
@@ -58,6 +91,9 @@ def load_records(
     if not folder.exists():
         raise FileNotFoundError(f"no records table under {lake}: run the records stage first")
     dataset = ds.dataset(folder, format="parquet", partitioning="hive")
+    missing = [c for c in COLUMNS if c not in dataset.schema.names]
+    if missing:
+        raise ValueError(f"the records table under {lake} lacks the columns {', '.join(missing)}")
     wanted = pc.field("split").isin(list(splits)) & pc.field("mode").isin(list(modes))
     why_missing = [GOLD_MISSING] if GOLD_MISSING in dataset.schema.names else []
     rows = dataset.to_table(columns=COLUMNS + why_missing, filter=wanted).to_pylist()
@@ -76,6 +112,8 @@ def load_records(
                 action=row["action"],
                 intent=row["intent"],
                 split=row["split"],
+                session_id=row["session_id"],
+                user_id=row["user_id"],
             )
         )
     records.sort(key=lambda r: r.key)
@@ -94,6 +132,15 @@ def response_ids(tokenizer: PreTrainedTokenizerBase, response: str) -> list[int]
     return [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
 
 
+def length_problem(state: EncodedState, max_prompt_tokens: int, max_response_tokens: int) -> str | None:
+    """Why a state is too long to train on (``prompt_too_long``, ``response_too_long``), or None."""
+    if len(state.prompt_ids) > max_prompt_tokens:
+        return "prompt_too_long"
+    if len(state.response_ids) > max_response_tokens:
+        return "response_too_long"
+    return None
+
+
 def encode(
     records: Sequence[RecordText],
     tokenizer: PreTrainedTokenizerBase,
@@ -107,13 +154,127 @@ def encode(
         state = EncodedState(
             record, prompt_ids(tokenizer, record.messages()), response_ids(tokenizer, record.response)
         )
-        if len(state.prompt_ids) > max_prompt_tokens:
-            dropped["prompt_too_long"] += 1
-        elif len(state.response_ids) > max_response_tokens:
-            dropped["response_too_long"] += 1
+        problem = length_problem(state, max_prompt_tokens, max_response_tokens)
+        if problem:
+            dropped[problem] += 1
         else:
             states.append(state)
     return states, dropped
+
+
+# --- choosing states -----------------------------------------------------------------------------
+
+
+def _stable_rank(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def spread_over_sessions(records: Sequence[RecordText], n: int) -> list[RecordText]:
+    """``n`` records, one per session (a second round when there are fewer sessions), the sessions in
+    the order of a hash of their ids and each session's record chosen by a hash of its key: a fixed
+    choice that depends on the records alone, never on a run's seed."""
+    by_session: dict[str, list[RecordText]] = {}
+    for record in records:
+        by_session.setdefault(record.session_id or record.key, []).append(record)
+    rounds = [
+        sorted(group, key=lambda r: _stable_rank(r.key))
+        for _, group in sorted(by_session.items(), key=lambda item: _stable_rank(item[0]))
+    ]
+    chosen: list[RecordText] = []
+    depth = 0
+    while len(chosen) < n and any(depth < len(group) for group in rounds):
+        chosen += [group[depth] for group in rounds if depth < len(group)][: n - len(chosen)]
+        depth += 1
+    return chosen
+
+
+def check_users_apart(trained: Iterable[RecordText], held_out: Iterable[RecordText]) -> None:
+    """Refuse held-out states of a user the run trains on: held out means a user never trained on."""
+    shared = {r.user_id for r in trained} & {r.user_id for r in held_out}
+    shared.discard(None)
+    if shared:
+        example = sorted(shared)[0]
+        raise ValueError(
+            f"{len(shared)} users (e.g. {example}) have states in both the training and the held-out "
+            "split: held-out figures would not be held out"
+        )
+
+
+# --- the pool of training states -------------------------------------------------------------------
+
+
+class StatePool:
+    """The training records, each tokenized on first use and kept (prepare only the states drawn).
+
+    ``privileged``: also tokenize each state's privileged prompt (OPTD's teacher context); a
+    state whose privileged prompt is over the limit is dropped like a long plain prompt.
+    ``with_intent``: the keys whose SFT prompt carries the intent (a teacher that learns to read one).
+    ``reuse`` seeds the token ids of earlier runs (``trainer.prepared``), which are then not
+    tokenized again.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[RecordText],
+        tokenizer: PreTrainedTokenizerBase,
+        max_prompt_tokens: int,
+        max_response_tokens: int,
+        privileged: bool = False,
+        with_intent: frozenset[str] = frozenset(),
+    ) -> None:
+        self.records, self.tokenizer = list(records), tokenizer
+        self.limits = max_prompt_tokens, max_response_tokens
+        self.privileged, self.with_intent = privileged, with_intent
+        self.encoded: dict[int, EncodedState | None] = {}
+        self.privileged_ids: dict[str, list[int]] = {}  # by record key
+        self.dropped: Counter[str] = Counter()
+        self.known: dict[str, tuple[list[int], list[int], list[int] | None]] = {}
+        self.reused = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def reuse(self, key: str, prompt: list[int], response: list[int], privileged: list[int] | None) -> None:
+        """Token ids tokenized before with the same tokenizer (``prompt`` as this pool would render it)."""
+        self.known[key] = (prompt, response, privileged)
+
+    def get(self, index: int) -> EncodedState | None:
+        """The state of record ``index``, or None when it is too long (counted once, by reason)."""
+        if index not in self.encoded:
+            self.encoded[index] = self._encode(index)
+        return self.encoded[index]
+
+    def _encode(self, index: int) -> EncodedState | None:
+        record = self.records[index]
+        known = self.known.get(record.key)
+        if known is not None:
+            self.reused += 1
+            prompt, response, privileged = known
+        else:
+            messages = record.privileged_messages() if record.key in self.with_intent else record.messages()
+            prompt, response = (
+                prompt_ids(self.tokenizer, messages),
+                response_ids(self.tokenizer, record.response),
+            )
+            privileged = None
+        state = EncodedState(record, prompt, response)
+        problem = length_problem(state, *self.limits)
+        if problem is None and self.privileged:
+            if privileged is None:
+                privileged = prompt_ids(self.tokenizer, record.privileged_messages())
+            if len(privileged) > self.limits[0]:
+                problem = "privileged_prompt_too_long"
+            else:
+                self.privileged_ids[record.key] = privileged
+        if problem:
+            self.dropped[problem] += 1
+            return None
+        return state
+
+    @property
+    def prepared(self) -> int:
+        """Records made ready so far (kept or dropped, tokenized here or reused)."""
+        return len(self.encoded)
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -227,12 +388,19 @@ class StateSampler:
         self.drawn = state["drawn"]
 
 
-def data_hash(states: Sequence[EncodedState], tokenizer_fingerprint: str) -> str:
-    """Hash of what is trained on: keys, system, prompt and response texts, in order, and the tokenizer."""
+def data_hash(records: Sequence[RecordText], tokenizer_fingerprint: str) -> str:
+    """Hash of what a run may train on: keys, system, prompt, response texts in order, and the tokenizer."""
     digest = hashlib.sha256(tokenizer_fingerprint.encode())
-    for state in states:
-        r = state.record
+    for r in records:
         for part in (r.key, r.system, r.prompt, r.response):
             digest.update(part.encode())
             digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def intents_hash(records: Sequence[RecordText]) -> str:
+    """Hash of the intents the records carry, in order (what OPTD's teacher is shown)."""
+    digest = hashlib.sha256()
+    for r in records:
+        digest.update(f"{r.key}\x00{r.intent or ''}\x00".encode())
     return digest.hexdigest()

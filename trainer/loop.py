@@ -209,6 +209,18 @@ def split(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 # --- reproducibility -----------------------------------------------------------------------
 
+EVAL_SEED_OFFSET = 1_000_003  # the held-out samples' RNG stream, apart from the training one
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Sampling from its own stream (``seed`` offset): it neither depends on nor disturbs the training
+    samples, so a resumed run samples what an uninterrupted one would."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed + EVAL_SEED_OFFSET)
+        yield
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)

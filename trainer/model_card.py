@@ -30,9 +30,11 @@ STAGES = {
 # (key in an evaluation, its name in the card, its format): the loss of SFT, the objective of OPTD
 FIGURES = (
     ("held_out_loss", "held-out loss (response NLL per token, nats)", "{:.4f}"),
-    ("objective", "held-out OPTD objective", "{:.4f}"),
     ("parse_share", "parse share (responses that are the JSON shape)", "{:.3f}"),
     ("executable_share", "executable share (on the record's screen)", "{:.3f}"),
+    ("probe_objective", "OPTD objective on the probe states", "{:.4f}"),
+    ("teacher_probe_intent_gain", "teacher's intent gain on the probe states (nats/token)", "{:.4f}"),
+    ("probe_intent_gain", "intent gain on the probe states (nats/token)", "{:.4f}"),
 )
 EXAMPLE_RESPONSE = (
     '{"rationale": "These running shoes look close to what I want; I will see what others say.", '
@@ -116,13 +118,23 @@ def data_table(meta: Mapping[str, Any]) -> str:
         ("lake", f"`{meta['lake']}`" if meta.get("lake") else None),
         ("data hash (states and tokenizer)", f"`{meta['data_hash']}`" if meta.get("data_hash") else None),
         ("train states", meta.get("train_states")),
-        ("held-out states", meta.get("held_out_states")),
+        ("held-out states", held_out_text(meta)),
         ("left out (records not trained on, by reason)", left_out_text(meta.get("left_out"))),
     ]
     known = [(name, value) for name, value in rows if value is not None]
     if not known:
         return "Not recorded."
     return "\n".join(["| | |", "|---|---|", *(f"| {name} | {value} |" for name, value in known)])
+
+
+def held_out_text(meta: Mapping[str, Any]) -> str | None:
+    held_out = meta.get("held_out")
+    if isinstance(held_out, Mapping):
+        return (
+            f"{held_out.get('states')}, one per session, of {held_out.get('users')} held-out users "
+            f"(the {held_out.get('split')} split; never trained on)"
+        )
+    return meta.get("held_out_states")
 
 
 def left_out_text(left_out: Mapping[str, int] | None) -> str | None:
@@ -173,7 +185,8 @@ def figures_table(meta: Mapping[str, Any]) -> str | None:
     ]
     note = (
         "Responses sampled from a fixed seed on held-out states; a response is executable when it is a "
-        "legal action on the screen its record was taken on (PROTOCOL.md §2)."
+        "legal action on the screen its record was taken on (PROTOCOL.md §2). Probe states are "
+        "intent-bearing states of training users that no update drew."
     )
     return "\n".join(lines) + "\n\n" + note
 

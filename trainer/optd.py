@@ -21,22 +21,19 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
-from trainer.data import Batch, EncodedState, RecordText, collate, prompt_ids
+from trainer.data import Batch, EncodedState, RecordText, collate
 from trainer.distributed import full_tensor, gradient_sync
 from trainer.loop import LossSums, PhaseTimer, split
 from trainer.objective import ObjectiveSettings, OPTDLoss, optd_loss_from_hidden
-
-INTENT_HEADING = "## Your intent over this whole trajectory"
-
 
 # --- states -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class OPTDState:
-    """A training state and its privileged prompt (the teacher's only extra context)."""
+    """A training state and the teacher's context for it: the privileged prompt (the intent appended)."""
 
     state: EncodedState
     privileged_prompt_ids: list[int]
@@ -46,30 +43,22 @@ class OPTDState:
         return self.state.record
 
 
-def privileged_messages(record: RecordText) -> list[dict[str, str]]:
-    """The student's messages with the trajectory intent z_u appended to the user turn."""
-    if not record.intent:
-        raise ValueError(f"{record.key} has no intent: it cannot be a distillation state")
-    user = f"{record.prompt}\n\n{INTENT_HEADING}\n{record.intent}"
-    return [{"role": "system", "content": record.system}, {"role": "user", "content": user}]
-
-
-def optd_states(
-    states: Sequence[EncodedState], tokenizer: PreTrainedTokenizerBase, max_prompt_tokens: int
-) -> tuple[list[OPTDState], Counter[str]]:
-    """States that have an intent, with their privileged prompts; the others counted by reason."""
-    left_out: Counter[str] = Counter()
-    kept = []
-    for state in states:
-        if not state.record.intent:
-            left_out["no_intent"] += 1
-            continue
-        privileged = prompt_ids(tokenizer, privileged_messages(state.record))
-        if len(privileged) > max_prompt_tokens:
-            left_out["privileged_prompt_too_long"] += 1
-            continue
-        kept.append(OPTDState(state, privileged))
-    return kept, left_out
+def grounding_class_weights(
+    actions: Sequence[str], counts: Counter[str] | dict[str, int], cap: float = 2.0
+) -> Tensor:
+    """Per-state weights of the grounding NLL for one update (the reference's practice, OPTD.md):
+    ``min(c * freq(action)^-0.5, cap)`` with the frequencies of the whole training pool and c chosen
+    so the update's weights average 1 (found by bisection; mean(min(c*w, cap)) rises with c)."""
+    total = sum(counts.values())
+    raw = torch.tensor([(counts[a] / total) ** -0.5 for a in actions], dtype=torch.float64)
+    low, high = 0.0, cap / float(raw.min())
+    for _ in range(100):
+        mid = 0.5 * (low + high)
+        if float(torch.clamp(mid * raw, max=cap).mean()) < 1.0:
+            low = mid
+        else:
+            high = mid
+    return torch.clamp(high * raw, max=cap)
 
 
 # --- the models' final hidden states --------------------------------------------------------
@@ -121,6 +110,7 @@ class Rollout:
     intent_hidden: Tensor  # teacher, privileged prompt, at the positions of ``privileged``
     n_states: int
     last: bool = True  # the update's last micro-batch on this rank: its backward syncs the gradients
+    grounding_weights: Tensor | None = None  # per state of the micro-batch (class weights), or equal
 
 
 @torch.no_grad()
@@ -137,9 +127,12 @@ def build_rollouts(
     device: torch.device,
     timer: PhaseTimer,
     cast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    grounding_weights: Tensor | None = None,
 ) -> list[Rollout]:
     """Micro-batches of the update with both teacher passes done (frozen: eval, no grad; ``cast``: the
-    trainer's autocast, so the teacher runs in the student's precision)."""
+    trainer's autocast, so the teacher runs in the student's precision). ``grounding_weights``: one per
+    state, in the order of ``states``. When a state's teacher context is its plain prompt (the
+    self-distillation ablation) the second teacher pass is the first one's result."""
     teacher.eval()
     rollouts = []
     chunks = split(list(zip(states, responses, strict=True)), micro_batch_states)
@@ -152,10 +145,17 @@ def build_rollouts(
         with timer.phase("teacher_plain"), cast():
             base_hidden = teacher_pass(teacher, plain)
         with timer.phase("teacher_intent"), cast():
-            intent_hidden = teacher_pass(teacher, privileged)
+            same = all(s.privileged_prompt_ids == s.state.prompt_ids for s in chunk_states)
+            intent_hidden = base_hidden if same else teacher_pass(teacher, privileged)
         gold = collate([s.state for s in chunk_states], pad_id).to(device)
         last = index == len(chunks) - 1
-        rollouts.append(Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last))
+        weights = None
+        if grounding_weights is not None:
+            start = index * micro_batch_states
+            weights = grounding_weights[start : start + len(chunk)].to(device)
+        rollouts.append(
+            Rollout(plain, privileged, gold, base_hidden, intent_hidden, len(chunk), last, weights)
+        )
     return rollouts
 
 
@@ -204,6 +204,7 @@ class OPTDObjective:
             teacher_head_bias=teacher_bias,
             vocab_size=self.vocab_size,
             settings=self.settings,
+            grounding_weights=rollout.grounding_weights,
             num_states=rollout.n_states,
             chunk_size=self.chunk_size,
         )

@@ -1,21 +1,36 @@
-"""The SFT run: records -> states -> updates, with held-out loss, metrics and checkpoints.
+"""The run both training stages share, and the SFT stage on it: records in, a Hugging Face checkpoint out.
 
-``OUT/metrics.jsonl`` gets one row per update (kind ``train``) and per held-out
-evaluation (kind ``eval``: the held-out loss, and the shares of responses sampled from a fixed
-seed that parse and that are executable on their records' screens, rejection reasons counted);
-``OUT/summary.json`` says what went in and what came out.
-Under ``torchrun`` each rank trains on its shard of every update and scores its shard of
-the held-out states (DDP or FSDP2, ``strategy``; the OPTD run is wired the same way, by
-``prepare_sft_run``); rank 0 writes.
+``TrainingRun`` is the skeleton: it reads the records, builds or loads the model, draws each
+update's states from a pool that tokenizes a state the first time it is drawn, evaluates on the
+held-out users, writes ``OUT/metrics.jsonl`` (one ``train`` row per update, one ``eval`` row per
+held-out evaluation), checkpoints, resumes exactly, and ends with ``OUT/summary.json``. A stage
+supplies its update and adds to the evaluation: the SFT warm-up is the skeleton itself (teacher-
+forced NLL of the gold responses); OPTD (``trainer.optd_run``) extends it, as TRL's ``GKDTrainer``
+extends its ``SFTTrainer``.
+
+Held-out figures come from the users of ``eval_split`` (never trained on): the gold responses' NLL
+on ``held_out_states`` states (one per session, a fixed choice: every run on a lake scores the
+same states) and, with a response judge, the share of sampled responses that parse and that are
+executable on their records' screens. The judge is passed in by the caller (the flow builds it
+from the evaluation's environment): the trainer never imports the evaluation.
+
+Probe states are intent-bearing states of training users that no update draws: on them a run
+measures how much the intent tells the model (its gold NLL with and without the intent).
+
+Under ``torchrun`` each rank trains on its shard of every update and scores its shard of the
+held-out states (DDP or FSDP2, ``strategy``); rank 0 writes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -26,15 +41,20 @@ from trainer.data import (
     Batch,
     EncodedState,
     RecordText,
+    StatePool,
     StateSampler,
+    check_users_apart,
     collate,
     data_hash,
     encode,
     load_records,
     power_law_weights,
+    prompt_ids,
+    response_ids,
+    spread_over_sessions,
 )
 from trainer.distributed import World, check_shards, device_for, init_world, sum_over_ranks, unsharded, wrap
-from trainer.generation import HFGenerator, SamplingSettings
+from trainer.generation import HFGenerator
 from trainer.loop import (
     MetricsLog,
     PhaseTimer,
@@ -44,6 +64,7 @@ from trainer.loop import (
     autocast,
     schedule,
     seed_everything,
+    seeded,
     split,
 )
 from trainer.models import (
@@ -54,106 +75,102 @@ from trainer.models import (
     train_tokenizer,
 )
 from trainer.optd import HiddenStates
-from trainer.responses import record_screens_for, response_shares, seeded
-from trainer.sft import SFTObjective, held_out_loss
+from trainer.prepared import PREPARED_FILE, load_prepared, save_prepared
+from trainer.sft import SFTObjective, held_out_loss, state_nll
 
 if TYPE_CHECKING:
-    from evaluation.executable import RecordScreens
     from trainer.config import TrainSettings
 
-LOSS_ROW_KEYS = ("kind", "step", "held_out_loss")  # an eval row's other values are the responses' report
+ROW_BOOKKEEPING = ("kind",)
+
+
+class ResponseJudge(Protocol):
+    """Judges sampled responses on their records' screens (PROTOCOL §2): the evaluation's check.
+
+    Returns ``parse_share``, ``executable_share``, ``judged``, ``rejected`` (reason -> count) and
+    ``no_screen`` (reason -> count) for the i-th text answering ``record_ids[i]``.
+    """
+
+    def __call__(self, record_ids: Sequence[str], texts: Sequence[str]) -> dict[str, Any]: ...
+
+
+EvaluationHook = Callable[[dict[str, Any]], None]  # called on rank 0 with each eval row once written
 
 
 @dataclass
 class TrainSummary:
+    """What a run trained on and what came out (``OUT/summary.json``)."""
+
+    stage: str
     checkpoint: str
     steps: int
     skipped_steps: int
-    train_states: int
+    train_states: int  # records the updates draw from
+    prepared_states: int  # of those, the ones this run tokenized (every drawn one)
     held_out_states: int
-    held_out_loss_start: float | None
-    held_out_loss_end: float | None
+    held_out_users: int
+    held_out_start: dict[str, Any] | None
+    held_out_end: dict[str, Any] | None
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> records not trained on
     data_hash: str = ""
-    # sampled held-out responses: parse and executable shares, rejections (trainer.responses)
-    held_out_responses_start: dict[str, Any] | None = None
-    held_out_responses_end: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # set-up, updates, evaluations
+    stage_figures: dict[str, Any] = field(default_factory=dict)  # what the stage adds (OPTD: part means)
 
 
-@dataclass
-class SftRun:
-    """Everything one run holds: the model, its states, the sampler and the optimiser.
+def resolve_checkpoint(path: str | Path, what: str = "--base") -> Path:
+    """A model folder as it is, or a run folder's newest checkpoint; anything else is one clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if (path / "config.json").is_file():
+        return path
+    newest = latest(path)
+    if newest is not None:
+        return newest
+    raise ValueError(
+        f"{what} {path} is neither a model folder (no config.json) nor a run folder "
+        "(no checkpoints/step-* inside)"
+    )
 
-    ``trainer.model`` is ``body`` made ready for data parallelism (DDP, or ``body`` itself sharded
-    by FSDP2); ``body`` is the decoder without the LM head, whose weights ``body.head`` gives whole.
-    """
 
-    settings: TrainSettings
-    out: Path
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    states: list[EncodedState]
-    eval_batches: list[Batch]  # this rank's shard of the held-out states
-    held_out_states: int  # over all ranks
-    sampler: StateSampler
-    world: World
-    body: HiddenStates
-    trainer: Trainer
-    meta: dict[str, Any]  # what every checkpoint records besides the step and the sampler
-    left_out: Counter[str]
-    lake: Path
-    sample_states: list[EncodedState]  # held-out states whose sampled responses are judged
-    screens: RecordScreens | None = None  # their records' screens, placed at the first evaluation
+def run_folder_of(checkpoint: Path) -> Path | None:
+    """The run folder a trajforge checkpoint sits in (``RUN/checkpoints/step-N``), or None."""
+    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / "summary.json").exists():
+        return checkpoint.parent.parent
+    return None
 
-    @property
-    def vocab(self) -> int:
-        return len(self.tokenizer)
 
-    def next_update(self) -> tuple[list[Batch], int]:
-        """This rank's micro-batches of the next update, and the update's number of states (all ranks)."""
-        chosen = [self.states[i] for i in self.sampler.take(self.settings.states_per_update)]
-        size, device = self.settings.micro_batch_states, self.trainer.device
-        return micro_batches(self.world.shard(chosen), size, self.tokenizer, device), len(chosen)
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
-    def update(self, timer: PhaseTimer) -> StepReport:
-        """One update, its loss the mean over all ranks' states."""
-        with timer.phase("data"):
-            batches, n_states = self.next_update()
-        objective = SFTObjective(self.body.head, self.vocab, last=batches[-1])
-        report = self.trainer.step(batches, objective, self.world.divisor(n_states), timer=timer)
-        return with_sums_over_ranks(report, self.world, self.trainer.device)
 
-    def held_out(self) -> dict[str, Any]:
-        """One eval row's values: the held-out loss (each rank scores its shard of the states, summed
-        over the ranks) and the sampled responses' report."""
-        loss = None
-        if self.held_out_states:
-            loss = held_out_loss(self.body, self.eval_batches, self.vocab, self.world, self.trainer.device)
-        return {"held_out_loss": loss, **(self.held_out_responses() or {})}
+def micro_batches(
+    states: Sequence[EncodedState], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
+) -> list[Batch]:
+    return [collate(chunk, tokenizer.pad_token_id).to(device) for chunk in split(states, size)]
 
-    def held_out_responses(self) -> dict[str, Any] | None:
-        """Responses sampled from a fixed seed on ``sample_states``, judged on their screens.
 
-        Every rank samples the same responses (same weights, same seed) with the weights gathered once
-        under FSDP2; rank 0 writes the report."""
-        if not self.sample_states:
-            return None
-        records = [s.record for s in self.sample_states]
-        if self.screens is None:
-            self.screens = record_screens_for(self.lake, records)
-        sampling = SamplingSettings(max_new_tokens=self.settings.eval_max_new_tokens)
-        generator = HFGenerator(self.model, self.tokenizer, sampling)
-        device = self.trainer.device
-        with unsharded(self.body), seeded(self.settings.seed, device), autocast(device, self.settings.bf16):
-            responses = generator.generate([s.prompt_ids for s in self.sample_states]).response_ids
-        return response_shares(self.tokenizer, records, responses, self.screens)
+def starting_model(
+    records: Sequence[RecordText], settings: TrainSettings, base: str | Path | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``base`` as it is, or the tiny default with a tokenizer trained on a sample of the records' texts
+    (``tiny.tokenizer_records`` of them, drawn by the run's seed: the texts repeat, and a sample of a few
+    thousand gives nearly the merges of the whole table in a fraction of the time). Each record's system
+    prompt counts once per record, as often as the model reads it, so its words get tokens of their own."""
+    if base is not None:
+        return load_pretrained(base)
+    generator = torch.Generator().manual_seed(settings.seed)
+    order = torch.randperm(len(records), generator=generator)[: settings.tiny.tokenizer_records]
+    sample = [records[i] for i in sorted(order.tolist())]
+    texts = [text for r in sample for text in (r.system, r.prompt, r.response)]
+    tokenizer = train_tokenizer(texts, settings.tiny.vocab_size)
+    return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
 
-    def checkpoint(self, step: int) -> Path | None:
-        """Every rank calls it (sharded weights and optimizer state are gathered together); rank 0 writes."""
-        t, meta = self.trainer, {**self.meta, "sampler": self.sampler.state_dict()}
-        parts = (self.model, self.tokenizer, t.optimizer, t.scheduler)
-        keep = self.settings.keep_checkpoints
-        return save_checkpoint(self.out, step, *parts, meta, keep=keep, world=self.world)
+
+def settings_json(settings: TrainSettings) -> dict[str, Any]:
+    return json.loads(json.dumps(settings.model_dump(mode="json")))
 
 
 def with_sums_over_ranks(report: StepReport, world: World, device: torch.device) -> StepReport:
@@ -169,112 +186,343 @@ def with_sums_over_ranks(report: StepReport, world: World, device: torch.device)
     return report
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def intent_bearing(records: Sequence[RecordText]) -> list[RecordText]:
+    return [r for r in records if r.intent]
 
 
-def micro_batches(
-    states: list[EncodedState], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
-) -> list[Batch]:
-    return [collate(chunk, tokenizer.pad_token_id).to(device) for chunk in split(states, size)]
+class TrainingRun:
+    """One training run: everything a stage shares (see the module's docstring); the SFT update."""
 
+    stage: ClassVar[str] = "sft"
 
-def starting_model(
-    records: list[RecordText], settings: TrainSettings, base: str | Path | None
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``base`` as it is, or the tiny default with a tokenizer trained on the records' texts."""
-    if base is not None:
-        return load_pretrained(base)
-    systems = dict.fromkeys(r.system for r in records)  # a handful of system prompts, each once
-    texts = [*systems, *(text for r in records for text in (r.prompt, r.response))]
-    tokenizer = train_tokenizer(texts, settings.tiny.vocab_size)
-    return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
-
-
-def settings_json(settings: TrainSettings) -> dict[str, Any]:
-    return json.loads(json.dumps(settings.model_dump(mode="json")))
-
-
-def prepare_sft_run(
-    settings: TrainSettings, lake: str | Path, out: Path, start_from: str | Path | None
-) -> SftRun:
-    """Seed, read and encode the states, build or load the model, wrap it for data parallelism under
-    ``torchrun`` (``settings.strategy``), build the sampler and the optimiser."""
-    world = init_world()
-    check_shards(world, settings.strategy, settings.states_per_update, settings.micro_batch_states)
-    device = device_for(world, pick_device(settings.device))
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
-    seed_everything(settings.seed)
-    records, left_out = load_records(lake, [settings.train_split], settings.modes)
-    eval_records, _ = load_records(lake, [settings.eval_split], settings.modes)
-    model, tokenizer = starting_model(records, settings, start_from)
-    model.to(device)
-    if settings.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    limits = settings.max_prompt_tokens, settings.max_response_tokens
-    states, dropped = encode(records, tokenizer, *limits)
-    if not states:
-        left = dict(left_out + dropped)
-        raise ValueError(f"no {settings.train_split} states to train on in {lake} (left out: {left})")
-    eval_states, _ = encode(eval_records, tokenizer, *limits)
-    weights = None
-    if settings.class_resampling_alpha is not None:
-        weights = power_law_weights([s.record.action for s in states], settings.class_resampling_alpha)
-    body = HiddenStates(model)
-    wrapped = wrap(body, world, settings.strategy, device)
-    # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
-    optimizer = adam(model, settings.lr, settings.adam_betas, settings.adam_eps)
-    trainer = Trainer(
-        wrapped,
-        optimizer,
-        schedule(optimizer, settings.warmup_steps, settings.steps),
-        clip=settings.clip_grad_norm,
-        device=device,
-        bf16=settings.bf16,
-    )
-    digest = data_hash(states, tokenizer_fingerprint(tokenizer))
-    eval_states = eval_states[: settings.eval_max_states]
-    return SftRun(
-        settings=settings,
-        out=out,
-        model=model,
-        tokenizer=tokenizer,
-        states=states,
-        eval_batches=micro_batches(world.shard(eval_states), settings.micro_batch_states, tokenizer, device),
-        held_out_states=len(eval_states),
-        sampler=StateSampler(len(states), settings.seed, weights),
-        world=world,
-        body=body,
-        trainer=trainer,
-        meta={
-            "stage": "sft",
+    def __init__(
+        self,
+        settings: TrainSettings,
+        lake: str | Path,
+        out: str | Path,
+        start_from: str | Path | None,
+        judge: ResponseJudge | None = None,
+        on_evaluation: EvaluationHook | None = None,
+    ) -> None:
+        started = time.perf_counter()
+        self.settings, self.lake, self.out = settings, Path(lake), Path(out)
+        self.judge, self.on_evaluation = judge, on_evaluation
+        self.world = init_world()
+        check_shards(self.world, settings.strategy, settings.states_per_update, settings.micro_batch_states)
+        self.device = device_for(self.world, pick_device(settings.device))
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        seed_everything(settings.seed)
+        records, self.left_out = load_records(lake, [settings.train_split], settings.modes)
+        held_out_records, _ = load_records(lake, [settings.eval_split], settings.modes)
+        self.probe_records = spread_over_sessions(intent_bearing(records), settings.probe_states)
+        probe_keys = {r.key for r in self.probe_records}
+        pool_records = self.pool_records([r for r in records if r.key not in probe_keys])
+        if not pool_records:
+            raise ValueError(
+                f"no {settings.train_split} states to train on in {lake} (left out: {dict(self.left_out)})"
+            )
+        self.model, self.tokenizer = self.load_model(pool_records, start_from)
+        self.model.to(self.device)
+        if settings.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
+        self.pool = self.build_pool(pool_records)
+        self.held_out = self.held_out_states(held_out_records)
+        check_users_apart(self.pool.records, [s.record for s in self.held_out])
+        self.probe = self.encode_probe()
+        self.body = HiddenStates(self.model)
+        wrapped = wrap(self.body, self.world, settings.strategy, self.device)
+        # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
+        optimizer = adam(self.model, settings.lr, settings.adam_betas, settings.adam_eps)
+        self.trainer = Trainer(
+            wrapped,
+            optimizer,
+            schedule(optimizer, settings.warmup_steps, settings.steps),
+            clip=settings.clip_grad_norm,
+            device=self.device,
+            bf16=settings.bf16,
+        )
+        weights = None
+        if settings.class_resampling_alpha is not None:
+            actions = [r.action for r in self.pool.records]
+            weights = power_law_weights(actions, settings.class_resampling_alpha)
+        self.sampler = StateSampler(len(self.pool), settings.seed, weights)
+        self.meta: dict[str, Any] = {
+            "stage": self.stage,
             "settings": settings_json(settings),
-            "data_hash": digest,
-            # what the model card says of the data
-            "lake": str(lake),
-            "train_states": len(states),
-            "held_out_states": len(eval_states),
-            "left_out": dict(left_out + dropped),
-        },
-        left_out=left_out + dropped,
-        lake=Path(lake),
-        sample_states=eval_states[: min(settings.eval_sample_states, settings.eval_max_states)],
-    )
+            "data_hash": data_hash(self.pool.records, tokenizer_fingerprint(self.tokenizer)),
+            "lake": str(self.lake),
+            "train_states": len(self.pool),
+            "left_out": dict(self.left_out),
+            "held_out": {
+                "split": settings.eval_split,
+                "states": len(self.held_out),
+                "users": len({s.record.user_id for s in self.held_out}),
+            },
+        }
+        self._held_out_batches: list[Batch] | None = None
+        self.seconds = {"set_up": time.perf_counter() - started, "updates": 0.0, "evaluations": 0.0}
+
+    # --- what a stage may change --------------------------------------------------------------
+
+    def pool_records(self, records: list[RecordText]) -> list[RecordText]:
+        """The records the updates draw from (SFT: every one with a gold response)."""
+        return records
+
+    def load_model(
+        self, records: Sequence[RecordText], start_from: str | Path | None
+    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        return starting_model(records, self.settings, start_from)
+
+    def build_pool(self, records: list[RecordText]) -> StatePool:
+        """SFT's pool: a share of the intent-bearing states (``teacher_intent_share``, chosen by a hash of
+        the key and the seed) is trained with the intent in its prompt."""
+        s = self.settings
+        with_intent = frozenset(
+            r.key for r in intent_bearing(records) if _unit_hash(s.seed, r.key) < s.teacher_intent_share
+        )
+        return StatePool(
+            records, self.tokenizer, s.max_prompt_tokens, s.max_response_tokens, False, with_intent
+        )
+
+    def update(self, timer: PhaseTimer) -> tuple[StepReport, dict[str, Any]]:
+        """One SFT update, its loss the mean over all ranks' states; no extra row values."""
+        with timer.phase("data"):
+            states = self.draw(self.settings.states_per_update)
+            batches = micro_batches(
+                self.world.shard(states), self.settings.micro_batch_states, self.tokenizer, self.device
+            )
+        objective = SFTObjective(self.body.head, self.vocab, last=batches[-1])
+        report = self.trainer.step(batches, objective, self.world.divisor(len(states)), timer=timer)
+        return with_sums_over_ranks(report, self.world, self.device), {}
+
+    def evaluate(self) -> dict[str, Any]:
+        """One eval row's values: the held-out NLL, the sampled held-out responses judged, and the probe."""
+        row: dict[str, Any] = {"held_out_loss": None}
+        if self.held_out:
+            batches = self.held_out_batches()
+            row["held_out_loss"] = held_out_loss(self.body, batches, self.vocab, self.world, self.device)
+        return row | (self.held_out_responses() or {}) | self.probe_values()
+
+    def probe_values(self) -> dict[str, float]:
+        """The model's own gold NLL on the probe states without and with the intent in the prompt."""
+        if not self.probe:
+            return {}
+        plain, privileged = self.probe
+        return intent_gain(
+            self.body, self.body.head, plain, privileged, self.vocab, self.tokenizer, self.device
+        )
+
+    def stage_summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
+    def check_lineage(self, meta: dict[str, Any]) -> None:
+        """What a resume must find unchanged besides settings and data (OPTD: the teacher, the intents)."""
+
+    # --- the skeleton -------------------------------------------------------------------------
+
+    @property
+    def vocab(self) -> int:
+        return len(self.tokenizer)
+
+    def draw(self, k: int) -> list[EncodedState]:
+        """The next ``k`` states within the length limits (one too long is counted and another drawn)."""
+        chosen: list[EncodedState] = []
+        while len(chosen) < k:
+            if self.pool.prepared == len(self.pool) and not any(self.pool.encoded.values()):
+                raise ValueError(
+                    f"no training state fits the length limits (dropped: {dict(self.pool.dropped)})"
+                )
+            for index in self.sampler.take(k - len(chosen)):
+                state = self.pool.get(index)
+                if state is not None:
+                    chosen.append(state)
+        return chosen
+
+    def held_out_states(self, records: list[RecordText]) -> list[EncodedState]:
+        s = self.settings
+        chosen = spread_over_sessions(records, s.held_out_states)
+        states, dropped = encode(chosen, self.tokenizer, s.max_prompt_tokens, s.max_response_tokens)
+        self.left_out += Counter({f"held_out_{reason}": n for reason, n in dropped.items()})
+        return states
+
+    def encode_probe(self) -> tuple[list[EncodedState], list[EncodedState]] | None:
+        """Each probe state twice: with the plain prompt and with the intent appended."""
+        if not self.probe_records:
+            return None
+        plain = [
+            EncodedState(
+                r, prompt_ids(self.tokenizer, r.messages()), response_ids(self.tokenizer, r.response)
+            )
+            for r in self.probe_records
+        ]
+        privileged = [
+            EncodedState(r, prompt_ids(self.tokenizer, r.privileged_messages()), s.response_ids)
+            for r, s in zip(self.probe_records, plain, strict=True)
+        ]
+        return plain, privileged
+
+    def held_out_batches(self) -> list[Batch]:
+        """This rank's shard of the held-out states, batched once."""
+        if self._held_out_batches is None:
+            shard = self.world.shard(self.held_out)
+            self._held_out_batches = micro_batches(
+                shard, self.settings.micro_batch_states, self.tokenizer, self.device
+            )
+        return self._held_out_batches
+
+    def held_out_responses(self) -> dict[str, Any] | None:
+        """Responses sampled from a fixed seed on the first ``held_out_sampled`` held-out states, judged.
+
+        Every rank samples the same responses (same weights, same seed) with the weights gathered once
+        under FSDP2; rank 0 writes the report."""
+        chosen = self.held_out[: self.settings.held_out_sampled]
+        if self.judge is None or not chosen:
+            return None
+        responses = self.sample([s.prompt_ids for s in chosen])
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        report = self.judge([s.record.record_id for s in chosen], texts)
+        capped = sum(1 for r in responses if not r or r[-1] not in self.eos_ids())
+        return report | {"sampled": len(chosen), "hit_token_cap": capped}
+
+    def eos_ids(self) -> list[int]:
+        return HFGenerator(self.model, self.tokenizer, self.settings.held_out_sampling).eos_ids
+
+    def sample(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Held-out responses from the current weights, from their own seeded RNG stream."""
+        generator = HFGenerator(self.model, self.tokenizer, self.settings.held_out_sampling)
+        responses: list[list[int]] = []
+        with (
+            unsharded(self.body),
+            seeded(self.settings.seed, self.device),
+            autocast(self.device, self.settings.bf16),
+        ):
+            for chunk in split(prompts, 32):
+                responses += generator.generate(list(chunk)).response_ids
+        return responses
+
+    def checkpoint(self, step: int) -> Path | None:
+        """Every rank calls it (sharded weights and optimizer state are gathered together); rank 0 writes."""
+        t, meta = self.trainer, {**self.meta, "sampler": self.sampler.state_dict()}
+        parts = (self.model, self.tokenizer, t.optimizer, t.scheduler)
+        keep = self.settings.keep_checkpoints
+        return save_checkpoint(self.out, step, *parts, meta, keep=keep, world=self.world)
+
+    def restore(self, folder: Path) -> int:
+        """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns its step."""
+        meta = read_meta(folder)
+        check_resumable(meta, self.meta["settings"], self.meta["data_hash"], self.world.size)
+        self.check_lineage(meta)
+        restore_training_state(folder, self.model, self.trainer.optimizer, self.trainer.scheduler, self.world)
+        self.sampler.load_state_dict(meta["sampler"])
+        self.trainer.updates = meta["step"]
+        self.meta["held_out_start"] = meta.get("held_out_start")
+        return meta["step"]
+
+    def evaluation_row(self, step: int, metrics: MetricsLog | None) -> dict[str, Any] | None:
+        """The evaluation at ``step``, written as an eval row; None (and no row) when it measured nothing
+        (no held-out and no probe states)."""
+        started = time.perf_counter()
+        values = self.evaluate()
+        self.seconds["evaluations"] += time.perf_counter() - started
+        if all(value is None for value in values.values()):
+            return None
+        row = {"kind": "eval", "step": step, **values}
+        if metrics:
+            metrics.write(row)
+            if self.on_evaluation:
+                self.on_evaluation(row)
+        return row
+
+    def fit(
+        self, resume_from: Path | None = None, stop_after: int | None = None, progress: bool = True
+    ) -> TrainSummary:
+        """Updates up to ``settings.steps`` (or ``stop_after``), evaluations, checkpoints, the summary."""
+        s = self.settings
+        start = self.restore(resume_from) if resume_from else 0
+        # one writer: the other ranks' updates are the same update, and their file would race rank 0's
+        metrics = None
+        if self.world.is_main:
+            metrics = MetricsLog(self.out / "metrics.jsonl", resume_from=start if resume_from else None)
+        if start == 0:
+            first = self.evaluation_row(0, metrics)
+            self.meta["held_out_start"] = strip_bookkeeping(first) if first else None
+        end = s.steps if stop_after is None else min(s.steps, stop_after)
+        bar = tqdm(
+            total=s.steps, initial=start, disable=not (progress and metrics), desc=self.stage, unit="update"
+        )
+        for step in range(start + 1, end + 1):
+            started = time.perf_counter()
+            report, extras = self.update(PhaseTimer(self.device))
+            self.seconds["updates"] += time.perf_counter() - started
+            if metrics:
+                metrics.write({"kind": "train", **report.as_json(), **extras})
+            bar.update(1)
+            bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+            if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
+                self.evaluation_row(step, metrics)
+            if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
+                self.checkpoint(step)
+        bar.close()
+        rows = metrics.rows() if metrics else []
+        evaluations = [row for row in rows if row["kind"] == "eval"]
+        self.meta["held_out_end"] = strip_bookkeeping(evaluations[-1]) if evaluations else None
+        checkpoint = self.checkpoint(end)
+        summary = TrainSummary(
+            stage=self.stage,
+            checkpoint=str(checkpoint or ""),
+            steps=end,
+            skipped_steps=sum(row["skipped"] for row in rows if row["kind"] == "train"),
+            train_states=len(self.pool),
+            prepared_states=self.pool.prepared,
+            held_out_states=len(self.held_out),
+            held_out_users=self.meta["held_out"]["users"],
+            held_out_start=self.meta.get("held_out_start"),
+            held_out_end=self.meta["held_out_end"],
+            left_out=dict(self.left_out + self.pool.dropped),
+            data_hash=self.meta["data_hash"],
+            seconds={k: round(v, 3) for k, v in self.seconds.items()},
+            stage_figures=self.stage_summary(rows),
+        )
+        if self.world.is_main:
+            save_prepared(self.out / PREPARED_FILE, self.pool, self.tokenizer)
+            (self.out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+        return summary
 
 
-def restore(run: SftRun, folder: Path) -> int:
-    """Continue ``folder``'s run: optimiser, schedule, RNG and sampler; returns its step."""
-    meta = read_meta(folder)
-    check_resumable(meta, run.meta["settings"], run.meta["data_hash"], run.world.size)
-    restore_training_state(folder, run.model, run.trainer.optimizer, run.trainer.scheduler, run.world)
-    run.sampler.load_state_dict(meta["sampler"])
-    run.trainer.updates = meta["step"]
-    run.meta["held_out_loss_start"] = meta["held_out_loss_start"]
-    run.meta["held_out_start"] = meta["held_out_start"]
-    return meta["step"]
+def strip_bookkeeping(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in ROW_BOOKKEEPING}
+
+
+def _unit_hash(seed: int, key: str) -> float:
+    """A number in [0, 1) fixed by (seed, key): which states a share selects, the same on every rank."""
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@torch.no_grad()
+def intent_gain(
+    body: torch.nn.Module,
+    head: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+    plain: list[EncodedState],
+    privileged: list[EncodedState],
+    vocab: int,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+) -> dict[str, float]:
+    """Mean gold NLL (nats/token, state means) without and with the intent, and the gain between them."""
+    body.eval()
+    means = []
+    for states in (plain, privileged):
+        per_state = [
+            state_nll(body, head, batch, vocab) for batch in micro_batches(states, 8, tokenizer, device)
+        ]
+        means.append(float(torch.cat(per_state).mean()))
+    return {
+        "probe_nll_plain": means[0],
+        "probe_nll_intent": means[1],
+        "probe_intent_gain": means[0] - means[1],
+    }
 
 
 def run_sft(
@@ -285,73 +533,29 @@ def run_sft(
     resume: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
+    judge: ResponseJudge | None = None,
+    on_evaluation: EvaluationHook | None = None,
 ) -> TrainSummary:
     """Train ``settings.steps`` updates on the lake's gold responses; return where the checkpoint is.
 
-    ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings and
-    data required; ``base`` is then only recorded); ``stop_after`` ends this call after
-    that update, with a checkpoint.
+    ``base``: a pretrained model folder or a run folder (its newest checkpoint); the tiny default
+    without one. ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings
+    and data required; ``base`` is then only recorded); ``stop_after`` ends this call after that
+    update, with a checkpoint. ``judge`` checks sampled held-out responses on their screens.
     """
     out = Path(out)
     resume_from = latest(out) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    run = prepare_sft_run(settings, lake, out, resume_from or base)
+    base = resolve_checkpoint(base) if base is not None else None
+    run = TrainingRun(settings, lake, out, resume_from or base, judge, on_evaluation)
     if base is not None:
         run.meta["base"] = str(base)
-    start = restore(run, resume_from) if resume_from else 0
-    # one writer: the other ranks' updates are the same update, and their file would race rank 0's
-    metrics = (
-        MetricsLog(out / "metrics.jsonl", resume_from=start if resume_from else None)
-        if run.world.is_main
-        else None
-    )
-    if start == 0:
-        evaluation = run.held_out()
-        run.meta["held_out_loss_start"] = evaluation["held_out_loss"]
-        run.meta["held_out_start"] = evaluation
-        if metrics:
-            metrics.write({"kind": "eval", "step": 0, **evaluation})
-    end = settings.steps if stop_after is None else min(settings.steps, stop_after)
-    train_updates(run, metrics, start, end, progress)
-    rows = metrics.rows() if metrics else []
-    evaluations = [row for row in rows if row["kind"] == "eval"]
-    responses = [{k: v for k, v in row.items() if k not in LOSS_ROW_KEYS} for row in evaluations]
-    if evaluations:  # for the final checkpoint's model card
-        run.meta["held_out_end"] = evaluations[-1]
-    summary = TrainSummary(
-        checkpoint=str(run.checkpoint(end) or ""),
-        steps=end,
-        skipped_steps=sum(row["skipped"] for row in rows if row["kind"] == "train"),
-        train_states=len(run.states),
-        held_out_states=run.held_out_states,
-        held_out_loss_start=run.meta["held_out_loss_start"],
-        held_out_loss_end=evaluations[-1]["held_out_loss"] if evaluations else None,
-        left_out=dict(run.left_out),
-        data_hash=run.meta["data_hash"],
-        held_out_responses_start=(responses[0] or None) if responses else None,
-        held_out_responses_end=(responses[-1] or None) if responses else None,
-    )
-    if run.world.is_main:
-        (out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-    return summary
+    return run.fit(resume_from, stop_after, progress)
 
 
-def train_updates(run: SftRun, metrics: MetricsLog | None, start: int, end: int, progress: bool) -> None:
-    """Updates ``start+1 .. end`` with their metrics rows, held-out evaluations and step checkpoints
-    (every rank runs them; rank 0, the one with ``metrics``, writes)."""
-    s = run.settings
-    bar = tqdm(total=s.steps, initial=start, disable=not (progress and metrics), desc="sft", unit="update")
-    for step in range(start + 1, end + 1):
-        report = run.update(PhaseTimer(run.trainer.device))
-        if metrics:
-            metrics.write({"kind": "train", **report.as_json()})
-        bar.update(1)
-        bar.set_postfix(loss=f"{report.loss:.3f}", lr=f"{report.lr:.2e}")
-        if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
-            evaluation = run.held_out()
-            if metrics:
-                metrics.write({"kind": "eval", "step": step, **evaluation})
-        if s.checkpoint_every and step % s.checkpoint_every == 0 and step != end:
-            run.checkpoint(step)
-    bar.close()
+def previously_prepared(run_dir: Path | None, pool: StatePool, tokenizer: PreTrainedTokenizerBase) -> int:
+    """Seed ``pool`` with the states a run in ``run_dir`` tokenized with the same tokenizer."""
+    if run_dir is None:
+        return 0
+    return load_prepared(run_dir / PREPARED_FILE, pool, tokenizer)

@@ -16,6 +16,7 @@ Key of the table: (mode, record_id).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -29,9 +30,11 @@ from pydantic import BaseModel
 
 from transforms.chain import session_order
 from transforms.lake import (
+    RUNS,
     STAGING,
     conform,
     read_lake_table,
+    recorded_settings,
     scan_table,
     swap_into_place,
     table_dir,
@@ -672,6 +675,21 @@ def mark_quarantined(frame: pl.DataFrame, quarantined: pl.DataFrame | None) -> p
 
 
 # --- the lake: chunked writing and export --------------------------------------------------
+
+
+def records_summary_path(lake: str | Path) -> Path:
+    """Where the records stage records its last run (its summary, with the prompt settings it used)."""
+    return Path(lake) / RUNS / "records" / "summary.json"
+
+
+def recorded_prompt_settings(lake: str | Path) -> PromptSettings:
+    """The prompt settings the lake's records were rendered with, so the evaluation shows a trained
+    simulator the prompts it was trained on (window sizes, recent lists); the geometry is always the
+    ingest's. Defaults for a lake whose records stage recorded none."""
+    path = records_summary_path(lake)
+    recorded = json.loads(path.read_text()).get("records", {}).get("settings", {}) if path.is_file() else {}
+    settings = PromptSettings(**recorded)
+    return settings.model_copy(update={"geometry": recorded_settings(lake).geometry})
 
 
 class RecordsSummary(BaseModel):

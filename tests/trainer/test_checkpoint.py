@@ -156,14 +156,17 @@ def test_the_model_card_names_the_base_the_data_and_the_held_out_figures(tokeniz
 def test_an_optd_card_distils_from_its_teacher_and_a_card_tolerates_what_is_missing():
     teacher = "runs/sft/checkpoints/step-000040"
     optd = model_card(
-        {"stage": "optd", "teacher": teacher, "held_out_start": {"objective": 1.5, "parse_share": 0.25}}
+        {"stage": "optd", "teacher": teacher, "held_out_start": {"probe_objective": 1.5, "parse_share": 0.25}}
     )
     front = optd.split("---\n")[1]
     assert f'base_model: "{teacher}"' in front and '- "optd"' in front
     assert "2. OPTD (this checkpoint)" in optd and f"its checkpoint `{teacher}` is the teacher" in optd
     # only the start is known: one column, and only the figures it has
-    assert "| | start (before the first update) |\n|---|---|\n| held-out OPTD objective | 1.5000 |" in optd
-    assert "| parse share (responses that are the JSON shape) | 0.250 |" in optd
+    assert (
+        "| | start (before the first update) |\n|---|---|\n| parse share (responses that are the JSON shape) | 0.250 |"
+        in optd
+    )
+    assert "| OPTD objective on the probe states | 1.5000 |" in optd
     assert "held-out loss" not in optd and "executable share (on" not in optd
 
     bare = model_card({})

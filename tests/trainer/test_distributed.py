@@ -24,12 +24,12 @@ def one_update(out: Path, strategy: str) -> dict[str, dict[str, torch.Tensor]]:
     """One OPTD update of a tiny student on fixed states and fixed 'sampled' responses, on this rank's shard."""
     from tests.trainer.conftest import TINY
     from tests.trainer.test_optd import lake_rows
-    from trainer.data import RecordText, encode
+    from trainer.data import RecordText, StatePool
     from trainer.distributed import full_tensor, init_world, shutdown, wrap
     from trainer.loop import PhaseTimer, Trainer, adam, schedule
     from trainer.models import build_tiny_model, train_tokenizer
     from trainer.objective import ObjectiveSettings
-    from trainer.optd import HiddenStates, OPTDObjective, build_rollouts, optd_states
+    from trainer.optd import HiddenStates, OPTDObjective, OPTDState, build_rollouts
 
     torch.set_num_threads(1)
     world = init_world()
@@ -43,7 +43,8 @@ def one_update(out: Path, strategy: str) -> dict[str, dict[str, torch.Tensor]]:
         )
         for r in rows[:n_states]
     ]
-    states, _ = optd_states(encode(records, tokenizer, 10_000, 10_000)[0], tokenizer, 10_000)
+    pool = StatePool(records, tokenizer, 10_000, 10_000, privileged=True)
+    states = [OPTDState(s, pool.privileged_ids[s.record.key]) for s in map(pool.get, range(len(records)))]
     generator = torch.Generator().manual_seed(7)
     responses = [
         torch.randint(4, len(tokenizer), (n,), generator=generator).tolist()

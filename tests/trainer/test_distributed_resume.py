@@ -21,6 +21,7 @@ from tests.trainer.torchrun import two_ranks
 from trainer.checkpoint import read_meta, state_folder
 from trainer.optd_run import run_optd
 from trainer.run import run_sft
+from trainer.sampling import SamplingSettings
 
 # DDP: 3 states shared unevenly (2 + 1); FSDP2 needs as many forwards on every rank: 4 states, 2 each
 STATES = {"ddp": 3, "fsdp": 4}
@@ -29,8 +30,15 @@ TIMING = {"seconds", "tokens_per_s", "forward_backward_detail"}  # wall clock: d
 
 
 def settings(strategy: str):
-    train = train_settings(steps=2, states_per_update=STATES[strategy], micro_batch_states=1, lr=3e-3)
-    return train, optd_settings(max_new_tokens=12, held_out_states=2, strategy=strategy)
+    return optd_settings(
+        steps=2,
+        states_per_update=STATES[strategy],
+        micro_batch_states=1,
+        lr=3e-3,
+        rollout_sampling=SamplingSettings(max_new_tokens=12),
+        probe_states=2,
+        strategy=strategy,
+    )
 
 
 def tiny_llama():
@@ -67,12 +75,12 @@ def work(lake: Path, base: Path, out: Path, part: str) -> None:
     if part == "first":
         uneven_forwards(out, world.rank)
     for strategy in STATES:
-        train, optd = settings(strategy)
+        optd = settings(strategy)
         if part == "first":
-            run_optd(train, optd, lake, out / strategy / "whole", base, progress=False)
-            run_optd(train, optd, lake, out / strategy / "parts", base, stop_after=1, progress=False)
+            run_optd(optd, lake, out / strategy / "whole", base, progress=False)
+            run_optd(optd, lake, out / strategy / "parts", base, stop_after=1, progress=False)
         else:
-            run_optd(train, optd, lake, out / strategy / "parts", base, resume=True, progress=False)
+            run_optd(optd, lake, out / strategy / "parts", base, resume=True, progress=False)
     shutdown(world)
 
 
@@ -165,9 +173,8 @@ def test_generation_under_fsdp2_runs_no_collective_and_sees_whole_weights(runs):
 @pytest.mark.slow
 def test_one_process_refuses_to_resume_a_two_rank_checkpoint(runs, lake, base):
     # one process cannot continue the two ranks' sampling streams: refused, not resumed inexactly
-    train, optd = settings("ddp")
     with pytest.raises(ValueError, match="world size is 2, this run's 1"):
-        run_optd(train, optd, lake, runs / "ddp" / "parts", base, resume=True, progress=False)
+        run_optd(settings("ddp"), lake, runs / "ddp" / "parts", base, resume=True, progress=False)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import numpy as np
 import pydantic
 import pytest
 import torch
+from trainer.optd_config import OPTDSettings
 
 from trainer import objective
 from trainer.objective import (
@@ -26,7 +27,6 @@ from trainer.objective import (
     optd_loss_from_hidden,
     trust_region_target,
 )
-from trainer.optd_config import OPTDSettings
 
 torch.set_num_threads(2)
 F64 = torch.float64

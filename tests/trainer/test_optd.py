@@ -13,32 +13,25 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
+from evaluation.executable import ScreenJudge
 from flows.cli import app
 from tests.trainer.conftest import tiny_model
 from trainer.checkpoint import read_meta
-from trainer.config import TinyModelSettings, TrainSettings
-from trainer.data import EncodedState, RecordText, encode, load_records, prompt_ids
+from trainer.config import OPTDSettings, TinyModelSettings, TrainSettings
+from trainer.data import INTENT_HEADING, EncodedState, StatePool, encode, load_records, prompt_ids
 from trainer.generation import (
     Generated,
     HFGenerator,
-    SamplingSettings,
     StalePolicy,
     check_on_policy,
     cut_at_eos,
 )
 from trainer.loop import PhaseTimer
 from trainer.models import train_tokenizer
-from trainer.optd import (
-    INTENT_HEADING,
-    HiddenStates,
-    build_rollouts,
-    optd_states,
-    privileged_messages,
-)
-from trainer.optd_config import OPTDSettings
+from trainer.optd import HiddenStates, OPTDState, build_rollouts
 from trainer.optd_run import run_optd
-from trainer.responses import record_screens_for, response_shares
 from trainer.run import run_sft
+from trainer.sampling import SamplingSettings
 
 # --- a small lake of short, regular states -----------------------------------------------------
 
@@ -69,6 +62,8 @@ def lake_rows() -> list[dict[str, object]]:
             rows.append(
                 {
                     "record_id": f"{trajectory}:{step}",
+                    "session_id": trajectory,
+                    "user_id": f"u-{trajectory}",
                     "mode": "single",
                     "system": "You are a shopper. Reply with one JSON object.",
                     "prompt": f"In view: {shown[0]}; {shown[1]}. Step {step}. Your next action?",
@@ -97,26 +92,31 @@ TINY = TinyModelSettings(
 )
 
 
+TRAIN_VALUES = dict(
+    modes=["single"],
+    steps=20,
+    states_per_update=4,
+    micro_batch_states=2,
+    lr=2e-2,
+    warmup_steps=2,
+    eval_split="test",
+    eval_every=0,
+    checkpoint_every=0,
+    held_out_states=6,
+    held_out_sampled=0,
+    probe_states=4,
+    torch_threads=1,  # on a shared machine one thread each beats threads waiting for each other
+    tiny=TINY,
+)
+
+
 def train_settings(**overrides) -> TrainSettings:
-    values = dict(
-        modes=["single"],
-        steps=20,
-        states_per_update=4,
-        micro_batch_states=2,
-        lr=2e-2,
-        warmup_steps=2,
-        eval_split="test",
-        eval_every=0,
-        checkpoint_every=0,
-        eval_max_states=6,
-        torch_threads=1,  # on a shared machine one thread each beats threads waiting for each other
-        tiny=TINY,
-    )
-    return TrainSettings(**(values | overrides))
+    return TrainSettings(**(TRAIN_VALUES | overrides))
 
 
 def optd_settings(**overrides) -> OPTDSettings:
-    return OPTDSettings(**({"max_new_tokens": 40, "chunk_size": 16, "held_out_states": 4} | overrides))
+    values = {"rollout_sampling": SamplingSettings(max_new_tokens=40), "chunk_size": 16}
+    return OPTDSettings(**(TRAIN_VALUES | values | overrides))
 
 
 @pytest.fixture(scope="module")
@@ -142,23 +142,33 @@ def lake_states(lake: Path, tokenizer, split: str = "train") -> list[EncodedStat
 
 
 def test_the_privileged_prompt_is_the_plain_one_with_the_intent_appended(lake, tokenizer):
-    states = lake_states(lake, tokenizer)
-    record = states[0].record
-    user = privileged_messages(record)[1]["content"]
+    records, _ = load_records(lake, ["train"], ["single"])
+    record = records[0]
+    user = record.privileged_messages()[1]["content"]
     assert user == f"{record.prompt}\n\n{INTENT_HEADING}\n{record.intent}"
-    kept, left_out = optd_states(states, tokenizer, max_prompt_tokens=10_000)
-    assert len(kept) == 24 and not left_out  # 4 train trajectories x 6 steps, each with its intent
-    assert all(len(s.privileged_prompt_ids) > len(s.state.prompt_ids) for s in kept)
-    assert kept[0].privileged_prompt_ids == prompt_ids(tokenizer, privileged_messages(record))
-    # a state without an intent cannot be distilled; a privileged prompt over the limit is dropped
-    no_intent = EncodedState(RecordText(**{**vars(record), "intent": None}), states[0].prompt_ids, [1])
-    shortest = min(len(s.privileged_prompt_ids) for s in kept)
-    _, counted = optd_states([no_intent, *states], tokenizer, max_prompt_tokens=shortest - 1)
-    assert counted == {"no_intent": 1, "privileged_prompt_too_long": 24}
+    pool = StatePool(records, tokenizer, 10_000, 10_000, privileged=True)
+    kept = [pool.get(i) for i in range(len(pool))]
+    assert len(kept) == 24 and all(kept) and not pool.dropped  # 4 train trajectories x 6 steps
+    assert all(len(pool.privileged_ids[s.record.key]) > len(s.prompt_ids) for s in kept)
+    assert pool.privileged_ids[record.key] == prompt_ids(tokenizer, record.privileged_messages())
+    # a privileged prompt over the limit drops its state, counted by reason; a state without an intent
+    # has no privileged prompt at all
+    shortest = min(len(ids) for ids in pool.privileged_ids.values())
+    tight = StatePool(records, tokenizer, shortest - 1, 10_000, privileged=True)
+    assert [tight.get(i) for i in range(len(tight))] == [None] * 24
+    assert tight.dropped == {"privileged_prompt_too_long": 24}
+    with pytest.raises(ValueError, match="has no intent"):
+        load_records(lake, ["test"], ["single"])[0][0].privileged_messages()
+
+
+def distillation_states(lake: Path, tokenizer, n: int) -> list[OPTDState]:
+    records, _ = load_records(lake, ["train"], ["single"])
+    pool = StatePool(records[:n], tokenizer, 10_000, 10_000, privileged=True)
+    return [OPTDState(s, pool.privileged_ids[s.record.key]) for s in map(pool.get, range(n))]
 
 
 def test_teacher_contexts_end_with_the_sampled_ids_and_align_from_the_right(lake, tokenizer):
-    kept, _ = optd_states(lake_states(lake, tokenizer)[:3], tokenizer, 10_000)
+    kept = distillation_states(lake, tokenizer, 3)
     teacher = HiddenStates(tiny_model(tokenizer, seed=3))
     generator = torch.Generator().manual_seed(0)
     responses = [torch.randint(4, len(tokenizer), (n,), generator=generator).tolist() for n in (3, 7, 5)]
@@ -238,15 +248,15 @@ def test_sft_raises_the_share_of_responses_that_parse(lake, tmp_path):
     trained = AutoModelForCausalLM.from_pretrained(summary.checkpoint)
     trained_tokenizer = AutoTokenizer.from_pretrained(summary.checkpoint)
     states = lake_states(lake, trained_tokenizer, split="test")
-    records = [s.record for s in states]
-    screens = record_screens_for(lake, records)
+    judge = ScreenJudge(lake)
     untrained = tiny_model(trained_tokenizer, seed=0)
 
     def shares(model) -> dict:
         torch.manual_seed(0)
         generated = HFGenerator(model, trained_tokenizer, SamplingSettings(max_new_tokens=40))
         responses = generated.generate([s.prompt_ids for s in states]).response_ids
-        return response_shares(trained_tokenizer, records, responses, screens)
+        texts = trained_tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return judge([s.record.record_id for s in states], texts)
 
     # this lake holds records only: no screen to judge them on, each of the 6 counted apart
     no_screen = {"executable_share": None, "judged": 0, "rejected": {}, "no_screen": {"no_recorded_steps": 6}}
@@ -267,37 +277,34 @@ def parameters(checkpoint: str | Path) -> dict[str, torch.Tensor]:
     return load_file(Path(checkpoint) / "model.safetensors")
 
 
-def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generates(
+def test_optd_lowers_the_objective_on_the_probe_states_and_the_checkpoint_loads_and_generates(
     lake, sft_checkpoint, tmp_path
 ):
-    # control: an LR too small to move the weights -> the held-out measurement at the end equals the one
-    # at the start (fixed sampling seed), so a drop in the trained run is the training's, not sampling noise
+    # control: an LR too small to move the weights -> the probe measurement at the end equals the one at
+    # the start (fixed sampling seed), so a drop in the trained run is the training's, not sampling noise
     control = run_optd(
-        train_settings(steps=2, lr=1e-12),
-        optd_settings(),
-        lake,
-        tmp_path / "control",
-        sft_checkpoint,
-        progress=False,
+        optd_settings(steps=2, lr=1e-12), lake, tmp_path / "control", sft_checkpoint, progress=False
     )
-    baseline = control.held_out_start["objective"]
-    assert control.held_out_end["objective"] == pytest.approx(baseline, rel=1e-6)
+    baseline = control.held_out_start["probe_objective"]
+    assert control.held_out_end["probe_objective"] == pytest.approx(baseline, rel=1e-6)
     summary = run_optd(
-        train_settings(steps=10, lr=3e-3),
-        optd_settings(),
-        lake,
-        tmp_path / "run",
-        sft_checkpoint,
-        progress=False,
+        optd_settings(steps=10, lr=3e-3), lake, tmp_path / "run", sft_checkpoint, progress=False
     )
-    assert summary.held_out_start["objective"] == pytest.approx(baseline, rel=1e-6)
-    assert summary.train_states == 20 and summary.held_out_states == 4 and summary.skipped_steps == 0
-    # three seeds of this setup end at 0.90-0.92 of the start: 0.95 leaves room
-    assert summary.held_out_end["objective"] < 0.95 * baseline
+    assert summary.held_out_start["probe_objective"] == pytest.approx(baseline, rel=1e-6)
+    # 24 intent-bearing train states, 4 of them probe states no update draws; 6 held-out (test) states
+    assert summary.train_states == 20 and summary.held_out_states == 6 and summary.skipped_steps == 0
+    assert summary.held_out_end["probe_objective"] < 0.95 * baseline
     for evaluation in (summary.held_out_start, summary.held_out_end):
-        parts = evaluation["distillation"] + 0.1 * evaluation["grounding"]  # gamma = 0.1
-        assert evaluation["objective"] == pytest.approx(parts, rel=1e-5)
-        assert 0.0 <= evaluation["parse_share"] <= 1.0 and 0.0 < evaluation["mean_lambda"] <= 1.0
+        parts = evaluation["probe_distillation"] + 0.1 * evaluation["probe_grounding"]  # gamma = 0.1
+        assert evaluation["probe_objective"] == pytest.approx(parts, rel=1e-5)
+        assert 0.0 < evaluation["probe_mean_lambda"] <= 1.0 and evaluation["held_out_loss"] > 0
+        # the teacher is frozen: its intent gain is one figure, at the start as at the end
+        gain = evaluation["teacher_probe_nll_plain"] - evaluation["teacher_probe_nll_intent"]
+        assert evaluation["teacher_probe_intent_gain"] == pytest.approx(gain)
+    assert (
+        summary.held_out_start["teacher_probe_intent_gain"]
+        == summary.held_out_end["teacher_probe_intent_gain"]
+    )
 
     rows = metrics(tmp_path / "run")
     train = [r for r in rows if r["kind"] == "train"]
@@ -310,7 +317,6 @@ def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generat
         assert row["loss"] == pytest.approx(row["distillation"] + 0.1 * row["grounding"], rel=1e-5)
         assert row["policy_version"] == row["step"] - 1  # sampled from the weights after the previous update
         assert 0.0 <= row["binding_share"] <= 1.0 and row["guidance_kl"] <= 0.02 + 1e-6  # epsilon bounds it
-    assert all("parse_share" in r for r in rows if r["kind"] == "eval")
 
     folder = Path(summary.checkpoint)
     meta = read_meta(folder)
@@ -322,9 +328,14 @@ def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generat
         f'base_model: "{sft_checkpoint}"' in card
         and f"its checkpoint `{sft_checkpoint}` is the teacher" in card
     )
-    start, end = summary.held_out_start["objective"], summary.held_out_end["objective"]
-    assert f"| held-out OPTD objective | {start:.4f} | {end:.4f} |" in card and "end (update 10)" in card
-    assert "| train states | 20 |" in card and "| held-out states | 4 |" in card
+    start, end = summary.held_out_start, summary.held_out_end
+    loss_row = f"| held-out loss (response NLL per token, nats) | {start['held_out_loss']:.4f} | {end['held_out_loss']:.4f} |"
+    probe_row = f"| OPTD objective on the probe states | {start['probe_objective']:.4f} | {end['probe_objective']:.4f} |"
+    assert loss_row in card and probe_row in card and "end (update 10)" in card
+    assert (
+        "| train states | 20 |" in card
+        and "| held-out states | 6, one per session, of 1 held-out users" in card
+    )
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     record = load_records(lake, ["test"], ["single"])[0][0]
@@ -338,25 +349,73 @@ def test_optd_lowers_the_held_out_objective_and_the_checkpoint_loads_and_generat
     )
 
 
+def test_the_held_out_users_are_never_trained_on_and_both_stages_score_the_same_states(
+    lake, sft_checkpoint, tmp_path
+):
+    sft_run = Path(sft_checkpoint).parent.parent
+    optd = run_optd(optd_settings(steps=1), lake, tmp_path / "optd", sft_checkpoint, progress=False)
+    records = {r.key: r for split in ("train", "test") for r in load_records(lake, [split], ["single"])[0]}
+    for run in (sft_run, tmp_path / "optd"):
+        meta = read_meta(latest_checkpoint(run))
+        assert meta["held_out"] == {"split": "test", "states": 6, "users": 1}
+    held_out_users = {r.user_id for r in records.values() if r.split == "test"}
+    trained_users = {r.user_id for r in records.values() if r.split == "train"}
+    assert held_out_users == {"u-t5"} and not held_out_users & trained_users
+    # the same held-out states in both stages: the SFT checkpoint's loss on them is OPTD's at step 0
+    sft_end = json.loads((sft_run / "summary.json").read_text())["held_out_end"]["held_out_loss"]
+    assert optd.held_out_start["held_out_loss"] == pytest.approx(sft_end, rel=1e-6)
+
+
+def test_a_run_prepares_only_the_states_it_draws(lake, sft_checkpoint, tmp_path):
+    summary = run_sft(train_settings(steps=2, states_per_update=3), lake, tmp_path / "sft", progress=False)
+    # 2 updates x 3 states drawn from a permutation of the 20-state pool: 6 distinct states tokenized
+    assert summary.train_states == 20 and summary.prepared_states == 6
+    optd = run_optd(optd_settings(steps=2, states_per_update=3), lake, tmp_path / "optd", tmp_path / "sft",
+                    progress=False)  # fmt: skip
+    assert optd.prepared_states == 6 and optd.stage_figures["reused_states"] == 6  # the SFT run's, read back
+
+
+def latest_checkpoint(run: Path) -> Path:
+    return sorted((run / "checkpoints").glob("step-*"))[-1]
+
+
 def test_resume_continues_exactly(lake, sft_checkpoint, tmp_path):
-    settings = train_settings(steps=3, lr=3e-3, checkpoint_every=1, eval_every=2)
-    whole = run_optd(settings, optd_settings(), lake, tmp_path / "whole", sft_checkpoint, progress=False)
-    first = run_optd(
-        settings, optd_settings(), lake, tmp_path / "parts", sft_checkpoint, stop_after=1, progress=False
-    )
+    settings = optd_settings(steps=3, lr=3e-3, checkpoint_every=1, eval_every=2)
+    whole = run_optd(settings, lake, tmp_path / "whole", sft_checkpoint, progress=False)
+    first = run_optd(settings, lake, tmp_path / "parts", sft_checkpoint, stop_after=1, progress=False)
     assert first.steps == 1 and first.checkpoint.endswith("step-000001")
-    rest = run_optd(
-        settings, optd_settings(), lake, tmp_path / "parts", sft_checkpoint, resume=True, progress=False
-    )
+    rest = run_optd(settings, lake, tmp_path / "parts", sft_checkpoint, resume=True, progress=False)
     a, b = parameters(whole.checkpoint), parameters(rest.checkpoint)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def losses(run: str) -> list[tuple]:
-        return [(r["kind"], r["step"], r.get("loss", r.get("objective"))) for r in metrics(tmp_path / run)]
+        return [
+            (r["kind"], r["step"], r.get("loss", r.get("probe_objective"))) for r in metrics(tmp_path / run)
+        ]
 
     assert losses("parts") == losses("whole")  # the same samples, updates and evaluations, row for row
-    with pytest.raises(ValueError, match="settings differ from the checkpoint's in optd"):
-        run_optd(settings, optd_settings(epsilon=0.05), lake, tmp_path / "parts", sft_checkpoint, resume=True)
+    with pytest.raises(ValueError, match="settings differ from the checkpoint's in epsilon"):
+        run_optd(optd_settings(steps=3, lr=3e-3, checkpoint_every=1, eval_every=2, epsilon=0.05), lake,
+                 tmp_path / "parts", sft_checkpoint, resume=True)  # fmt: skip
+
+
+def test_resume_refuses_another_teacher(lake, sft_checkpoint, tmp_path):
+    settings = optd_settings(steps=2, checkpoint_every=1)
+    run_optd(settings, lake, tmp_path / "run", sft_checkpoint, stop_after=1, progress=False)
+    other = run_sft(train_settings(steps=1, seed=5), lake, tmp_path / "other", progress=False)
+    with pytest.raises(ValueError, match="cannot resume: the teacher's weights differ"):
+        run_optd(settings, lake, tmp_path / "run", other.checkpoint, resume=True, progress=False)
+
+
+def test_base_may_be_an_sft_run_folder_and_anything_else_is_one_clear_error(lake, sft_checkpoint, tmp_path):
+    sft_run = Path(sft_checkpoint).parent.parent
+    summary = run_optd(optd_settings(steps=1), lake, tmp_path / "run", sft_run, progress=False)
+    assert read_meta(summary.checkpoint)["teacher"] == str(latest_checkpoint(sft_run))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"is neither a model folder \(no config.json\) nor a run folder"):
+        run_optd(optd_settings(steps=1), lake, tmp_path / "x", tmp_path / "empty", progress=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        run_optd(optd_settings(steps=1), lake, tmp_path / "x", tmp_path / "missing", progress=False)
 
 
 runner = CliRunner()
@@ -366,16 +425,21 @@ def test_cli_trains_optd_from_an_sft_checkpoint(prefect_harness, lake, sft_check
     config = tmp_path / "train.toml"
     config.write_text(
         "[train]\nmodes = ['single']\nsteps = 2\nstates_per_update = 2\nmicro_batch_states = 1\n"
-        "eval_split = 'test'\nlr = 0.001\nwarmup_steps = 1\ntorch_threads = 1\n"
-        "[optd]\nmax_new_tokens = 16\nheld_out_states = 2\nchunk_size = 8\n"
+        "eval_split = 'test'\nlr = 0.001\nwarmup_steps = 1\ntorch_threads = 1\nheld_out_sampled = 2\n"
+        "[optd]\nprobe_states = 2\nchunk_size = 8\nsteps = 3\n[optd.rollout_sampling]\nmax_new_tokens = 16\n"
     )
     out = tmp_path / "optd"
     args = ["train", "--lake", str(lake), "--stage", "optd", "--out", str(out), "--config", str(config)]
     result = runner.invoke(app, [*args, "--base", str(sft_checkpoint)])
     assert result.exit_code == 0, result.output
-    final = out / "checkpoints" / "step-000002"
+    final = out / "checkpoints" / "step-000003"  # [optd] steps on top of [train]'s
     assert f"checkpoint: {final}" in result.output.replace("\n", "")
-    saved = read_meta(final)["settings"]["optd"]
-    assert (saved["max_new_tokens"], saved["held_out_states"], saved["epsilon"]) == (16, 2, 0.02)
+    saved = read_meta(final)["settings"]
+    assert (saved["rollout_sampling"]["max_new_tokens"], saved["probe_states"], saved["epsilon"]) == (
+        16,
+        2,
+        0.02,
+    )
+    assert (saved["lr"], saved["steps"]) == (0.001, 3)
     assert "sampled held-out responses: parse " in result.output
     assert "without a screen: no_recorded_steps 2" in result.output  # a records-only lake

@@ -20,20 +20,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.trainer.test_optd import lake_rows
 from tests.trainer.test_sft_run import foreign_checkpoint
-from trainer.config import TrainSettings
+from trainer.config import OPTDSettings, TrainSettings
 from trainer.data import encode, load_records
 from trainer.models import load_pretrained, load_tokenizer, model_vocab_size, save_model
-from trainer.optd_config import OPTDSettings
-from trainer.optd_run import OPTDSummary, run_optd
+from trainer.optd_run import run_optd
 from trainer.run import TrainSummary, run_sft
+from trainer.sampling import SamplingSettings
 
 SMOLLM2_VOCAB = 49152
 
 
 @pytest.fixture(scope="module")
 def short_lake(tmp_path_factory) -> Path:
-    """Two train states with intents (a scroll and a click), prompts of ~60 tokens and replies of ~30."""
+    """Two train states with intents (a scroll and a click), prompts of ~60 tokens and replies of ~30, and
+    the same two texts as the held-out states of another user (so the held-out loss is the trained states')."""
     rows = [r for r in lake_rows() if r["record_id"] in ("t1:1", "t2:2")]
+    held_out = [
+        r
+        | {"record_id": f"v{i}:0", "session_id": f"v{i}", "user_id": "u-val", "split": "val", "intent": None}
+        for i, r in enumerate(rows)
+    ]
+    rows += held_out
     root = tmp_path_factory.mktemp("smollake")
     (root / "records").mkdir()
     pq.write_table(pa.Table.from_pylist(rows), root / "records" / "part-0.parquet")
@@ -48,10 +55,12 @@ def settings(**overrides) -> TrainSettings:
         micro_batch_states=2,
         lr=5e-5,
         warmup_steps=0,
-        eval_split="train",  # the "held-out" loss is measured on the training states themselves
+        eval_split="val",  # the held-out user's states repeat the training texts: the same loss
         eval_every=0,
         checkpoint_every=0,
-        eval_max_states=2,
+        held_out_states=2,
+        held_out_sampled=0,
+        probe_states=0,
         max_prompt_tokens=160,
         max_response_tokens=64,
         device="cpu",
@@ -134,11 +143,14 @@ def sft_run(smollm2_folder, short_lake, tmp_path_factory) -> tuple[TrainSummary,
 
 
 @pytest.fixture(scope="module")
-def optd_run(sft_run, short_lake, tmp_path_factory) -> tuple[OPTDSummary, list[dict]]:
+def optd_run(sft_run, short_lake, tmp_path_factory) -> tuple[TrainSummary, list[dict]]:
     out = tmp_path_factory.mktemp("optd")
     summary = run_optd(
-        settings(steps=1, lr=1e-5),
-        OPTDSettings(max_new_tokens=16, chunk_size=16, held_out_states=0),
+        OPTDSettings(
+            **settings(steps=1, lr=1e-5, held_out_states=0).model_dump(),
+            rollout_sampling=SamplingSettings(max_new_tokens=16),
+            chunk_size=16,
+        ),
         short_lake,
         out,
         sft_run[0].checkpoint,
@@ -167,20 +179,21 @@ def test_sft_from_smollm2_starts_at_its_own_loss_and_lowers_it(smollm2_folder, r
     summary, rows = sft_run
     # the loss before any update is the base model's own loss on these states: the weights are SmolLM2's
     expected = reference_loss(Path(smollm2_folder), reference, records)
-    assert summary.held_out_loss_start == pytest.approx(expected, abs=1e-4)
-    assert summary.held_out_loss_start < 0.5 * math.log(SMOLLM2_VOCAB)  # far below a uniform guess
+    start, end = summary.held_out_start["held_out_loss"], summary.held_out_end["held_out_loss"]
+    assert start == pytest.approx(expected, abs=1e-4)
+    assert start < 0.5 * math.log(SMOLLM2_VOCAB)  # far below a uniform guess
     losses = [r["loss"] for r in rows if r["kind"] == "train"]
     assert len(losses) == 3 and summary.skipped_steps == 0
     # each update's loss is taken before it updates, on the same two states: it falls update by update
-    assert losses[0] == pytest.approx(summary.held_out_loss_start, rel=1e-5)
-    assert losses[0] > losses[1] > losses[2] > summary.held_out_loss_end
+    assert losses[0] == pytest.approx(start, rel=1e-5)
+    assert losses[0] > losses[1] > losses[2] > end
 
 
 @pytest.mark.slow
 def test_one_optd_step_from_the_sft_checkpoint_is_finite_and_taken(sft_run, optd_run):
     summary, rows = optd_run
     (step,) = [r for r in rows if r["kind"] == "train"]
-    assert [r["kind"] for r in rows] == ["train"]  # no held-out states: no (empty) evaluation rows
+    assert [r["kind"] for r in rows] == ["train"]  # no held-out or probe states: no (empty) evaluation rows
     assert summary.held_out_start is None and summary.held_out_end is None
     assert step["step"] == 1 and not step["skipped"] and summary.skipped_steps == 0
     assert math.isfinite(step["loss"]) and step["loss"] > 0 and math.isfinite(step["grad_norm"])

@@ -38,7 +38,7 @@ def settings(strategy: str, micro_batch_states: int = 1):
         states_per_update=STATES[strategy],
         micro_batch_states=micro_batch_states,
         lr=3e-3,
-        eval_max_states=HELD_OUT,
+        held_out_states=HELD_OUT,
         strategy=strategy,
     )
 
@@ -181,7 +181,7 @@ steps = 2
 states_per_update = 4
 micro_batch_states = 1
 eval_split = "test"
-eval_max_states = 5
+held_out_states = 5
 torch_threads = 1
 strategy = "fsdp"
 
@@ -224,17 +224,14 @@ def test_the_command_line_trains_under_torchrun_with_one_flow_and_one_writer(lak
     ]
 
 
-def test_both_stages_read_the_strategy_from_train_and_optd_keeps_its_old_key():
-    from trainer.config import TrainSettings
-    from trainer.optd_config import OPTDSettings
+def test_optd_reads_the_strategy_from_train_unless_its_own_section_sets_one():
+    from trainer.config import optd_settings
 
-    # [train] strategy is what both stages run under; an [optd] section without one leaves it as it is
-    assert OPTDSettings().train_settings(TrainSettings(strategy="fsdp")).strategy == "fsdp"
-    # the key's old place still works where [train] does not say otherwise, and agrees when both say it
-    assert OPTDSettings(strategy="fsdp").train_settings(TrainSettings()).strategy == "fsdp"
-    assert OPTDSettings(strategy="ddp").train_settings(TrainSettings(strategy="ddp")).strategy == "ddp"
-    with pytest.raises(ValueError, match="contradicts \\[train\\] strategy = 'ddp'"):
-        OPTDSettings(strategy="fsdp").train_settings(TrainSettings(strategy="ddp"))
+    # the OPTD settings extend the training settings: [train] strategy holds for both stages ...
+    assert optd_settings({"strategy": "fsdp"}, {}).strategy == "fsdp"
+    # ... and [optd] on top of [train] changes it for the OPTD stage alone
+    assert optd_settings({"strategy": "ddp"}, {"strategy": "fsdp"}).strategy == "fsdp"
+    assert optd_settings({}, {}).strategy == "ddp"
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from transformers import (
 )
 from typer.testing import CliRunner
 
+from evaluation.executable import ScreenJudge
 from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.cli import app
@@ -68,7 +69,8 @@ def small(**overrides) -> TrainSettings:
         warmup_steps=1,
         eval_every=0,
         checkpoint_every=0,
-        eval_max_states=4,
+        held_out_states=4,
+        held_out_sampled=0,
         tiny=TINY,
     )
     return TrainSettings(**(values | overrides))
@@ -76,12 +78,15 @@ def small(**overrides) -> TrainSettings:
 
 def test_sft_lowers_the_held_out_loss_and_the_checkpoint_loads_and_generates(pipeline_lake, tmp_path):
     # these shoppers fall in the train and test splits only: the test split is the held-out one
-    settings = small(eval_split="test", steps=8, micro_batch_states=4, eval_max_states=6)
-    summary = run_sft(settings, pipeline_lake, tmp_path / "run", progress=False)
+    settings = small(eval_split="test", steps=8, micro_batch_states=4, held_out_states=6, held_out_sampled=3)
+    summary = run_sft(
+        settings, pipeline_lake, tmp_path / "run", progress=False, judge=ScreenJudge(pipeline_lake)
+    )
     assert summary.held_out_states == 6 and summary.skipped_steps == 0
     # an untrained model scores about ln(512) = 6.2 nats per token; the JSON responses are very regular
-    assert summary.held_out_loss_start == pytest.approx(math.log(512), abs=0.5)
-    assert summary.held_out_loss_end < summary.held_out_loss_start - 0.5
+    start, end = summary.held_out_start["held_out_loss"], summary.held_out_end["held_out_loss"]
+    assert start == pytest.approx(math.log(512), abs=0.5)
+    assert end < start - 0.5
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 9))
@@ -99,12 +104,15 @@ def test_sft_lowers_the_held_out_loss_and_the_checkpoint_loads_and_generates(pip
     assert trained_with["settings"]["steps"] == 8 and trained_with["data_hash"] == summary.data_hash
     card = (folder / "README.md").read_text()
     # the card's figures are the run's: the held-out loss at the start and after update 8, four places
-    start, end = summary.held_out_loss_start, summary.held_out_loss_end
+    start, end = summary.held_out_start["held_out_loss"], summary.held_out_end["held_out_loss"]
     assert f"| held-out loss (response NLL per token, nats) | {start:.4f} | {end:.4f} |" in card
-    parse = (summary.held_out_responses_start["parse_share"], summary.held_out_responses_end["parse_share"])
+    parse = (summary.held_out_start["parse_share"], summary.held_out_end["parse_share"])
     assert f"| parse share (responses that are the JSON shape) | {parse[0]:.3f} | {parse[1]:.3f} |" in card
     assert f"`{summary.data_hash}`" in card and f"| lake | `{pipeline_lake}` |" in card
-    assert f"| train states | {summary.train_states} |" in card and "| held-out states | 6 |" in card
+    held_out = (
+        f"| held-out states | 6, one per session, of {summary.held_out_users} held-out users (the test split"
+    )
+    assert f"| train states | {summary.train_states} |" in card and held_out in card
     assert "base_model" not in card  # the tiny default, trained from scratch
     record = load_records(pipeline_lake, ["test"], ["single"])[0][0]
     ids = torch.tensor([prompt_ids(tokenizer, record.messages())])
@@ -152,7 +160,7 @@ def test_resume_continues_exactly(tiny_lake, tmp_path):
 
     # the resumed run's log is the uninterrupted one's, row for row (held-out at 0, 2, 4, 6)
     assert losses("parts") == losses("whole")
-    assert rest.held_out_loss_start == whole.held_out_loss_start
+    assert rest.held_out_start == whole.held_out_start
 
 
 def test_resume_refuses_changed_settings(tiny_lake, tmp_path):
