@@ -244,17 +244,19 @@ def stage_of(rows: Sequence[dict[str, Any]], run_dir: str | Path | None = None) 
 
 
 def write_training_curves(run_dir: Path, stage: str | None = None) -> Path | None:
-    """Draw ``run_dir/metrics.jsonl`` into ``run_dir/curves.png``; None when there are no rows yet.
-
-    The file is written under a temporary name and renamed, so a reader never sees half a PNG."""
+    """Draw ``run_dir/metrics.jsonl`` into ``run_dir/curves.png``; None when there are no rows yet."""
     run_dir = Path(run_dir)
     rows = read_rows(run_dir)
     if not rows:
         return None
-    figure = plot_training_curves(rows, stage or stage_of(rows, run_dir))
-    path = run_dir / CURVES_FILE
+    return save_png(plot_training_curves(rows, stage or stage_of(rows, run_dir)), run_dir / CURVES_FILE)
+
+
+def save_png(figure: Figure, path: Path, dpi: int = 100) -> Path:
+    """``figure`` as a PNG at ``path``, written under a temporary name and renamed: a reader (the
+    Prefect UI, a person's viewer) never sees half a file."""
     staging = path.with_name(f".{path.name}.tmp")
-    figure.savefig(staging, format="png", dpi=100)
+    figure.savefig(staging, format="png", dpi=dpi)
     staging.replace(path)
     return path
 
