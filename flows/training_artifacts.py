@@ -4,10 +4,12 @@ Two stable keys per stage, a new version of each per call (the UI shows the late
 
 - ``train-<stage>-progress``, markdown: the latest training row's loss and its parts, the latest
   held-out evaluation's loss and response shares, each with its update, and the curves embedded as a
-  ``data:image/png`` URI: both Prefect UIs render one in a markdown artifact (the React UI's markdown
-  view lets ``data:image/`` through to ``<img src>``, the Vue UI's sanitiser allows data URIs on images);
-- ``train-<stage>-curves``, an image artifact: a ``file://`` URL of ``RUN/curves.png``, rewritten
-  at each call, for whoever reads the run folder's machine.
+  ``data:image/png`` URI. This is the one that shows the figure: both Prefect UIs render the data URI
+  (the React UI's markdown view passes ``data:image/`` sources through, the Vue UI's sanitiser allows
+  data URIs on images; both seen rendered with Prefect 3.9);
+- ``train-<stage>-curves``, an image artifact: the ``file://`` URL of ``RUN/curves.png``, rewritten at
+  each call. A browser does not load a file URL into a page served over HTTP, so the UI shows the
+  link, not the image: it says where the full-size figure is on the machine that trains.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact
 
 from trainer.curves import CURVES_FILE, plot_training_curves, read_rows, save_png
 
-#: the embedded copy is drawn smaller than curves.png: every call stores one more version of it
-EMBEDDED_DPI = 60
+#: the embedded copy is drawn smaller than curves.png (every call stores one more version of it in the
+#: Prefect database), large enough that its legends read at the UI's width (880 px wide)
+EMBEDDED_DPI = 80
 TRAIN_MEASURES: dict[str, tuple[tuple[str, str], ...]] = {
     "sft": (("loss", "training loss"), ("nll", "token NLL")),
     "optd": (
