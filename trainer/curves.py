@@ -170,10 +170,16 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def plot_training_curves(rows: list[dict[str, Any]], stage: str, mark_step: int | None = None) -> Figure:
+def plot_training_curves(
+    rows: list[dict[str, Any]],
+    stage: str,
+    mark_step: int | None = None,
+    mark_label: str = "evaluated checkpoint",
+) -> Figure:
     """One panel per group of measures (``panels(stage)``), stacked over a shared update axis.
 
-    ``mark_step`` draws a dotted line at that update on every panel (the checkpoint a report scores).
+    ``mark_step`` draws a dotted line at that update on every panel (the checkpoint a report scores),
+    named ``mark_label`` in the first panel's legend.
     """
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -194,7 +200,7 @@ def plot_training_curves(rows: list[dict[str, Any]], stage: str, mark_step: int 
     for index, (axes, panel) in enumerate(zip(grid, chosen, strict=True)):
         drawn = draw_panel(axes, rows, panel)
         if mark_step is not None:
-            label = f"evaluated checkpoint (update {mark_step})" if index == 0 else None
+            label = f"{mark_label} (update {mark_step})" if index == 0 else None
             axes.axvline(mark_step, color="#555555", linestyle=":", linewidth=1.5, label=label)
         axes.set_title(panel.title, fontsize=11, loc="left")
         axes.set_ylabel(panel.ylabel)

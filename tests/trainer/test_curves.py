@@ -144,6 +144,9 @@ def test_the_checkpoint_scored_is_marked_on_every_panel():
     marks = [[line for line in axes.get_lines() if line.get_linestyle() == ":"] for axes in figure.axes]
     assert [[list(line.get_xdata()) for line in found] for found in marks] == [[[2, 2]], [[2, 2]]]
     assert marks[0][0].get_label() == "evaluated checkpoint (update 2)"
+    assert marks[1][0].get_label().startswith("_")  # named once, in the first panel's legend
+    teacher = plot_training_curves(sft_rows(), "sft", mark_step=4, mark_label="teacher checkpoint")
+    assert "teacher checkpoint (update 4)" in lines(teacher)
 
 
 def test_write_training_curves_writes_a_png_per_stage(tmp_path):
