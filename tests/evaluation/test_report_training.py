@@ -8,10 +8,18 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from evaluation.report import training_runs, write_report
+from evaluation.rollout import Rollout
 from flows.score import score_files
+from synthetic.bundle import write_bundle
+from tests.evaluation.test_environment import session
+from tests.evaluation.test_evaluate_cli import evaluate
 from tests.evaluation.test_report import PNG_MAGIC, content, written
-from tests.trainer.runs import optd_rows, sft_rows, write_run
+from tests.evaluation.tiny_model import save_tiny_llama
+from tests.trainer.runs import optd_rows, sft_rows, write_rows, write_run
+from transforms.ingest import ingest_bundle
 
 # the first and last eval rows of sft_rows(): held-out loss 6.0 -> 3.0, parse 0 -> 0.75, and no
 # executable share at step 0 (nothing judged) -> 0.5
@@ -100,3 +108,31 @@ def test_a_plain_model_folder_gets_no_training_section(tmp_path):
     assert "<h2>Training</h2>" not in page
     assert not any(alt.startswith("Training curves") for alt in images(page))
     assert not (tmp_path / "out" / "training").exists()
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    """A small generated lake, as tests/evaluation/test_evaluate_cli.py's."""
+    root = tmp_path_factory.mktemp("evaluate")
+    write_bundle(root / "raw", users=120, seed=9, fmt="parquet", parts_per_table=1)
+    ingest_bundle(root / "raw", root / "lake")
+    return root / "lake"
+
+
+def test_the_evaluate_flow_reports_the_run_behind_a_checkpoint_simulator(prefect_harness, lake, tmp_path):
+    # a model folder where the trainer puts its checkpoints, metrics beside them and no trainer.json: the
+    # run is found by its layout, its stage from its rows
+    run = tmp_path / "run"
+    prompts = [m["content"] for m in Rollout(session()).messages()]
+    checkpoint = save_tiny_llama(run / "checkpoints" / "step-000004", prompts)
+    write_rows(run, sft_rows())
+    out = tmp_path / "eval"
+    result = evaluate(lake, out, f"checkpoint:{checkpoint}", "markov")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    entry = report["training"][f"checkpoint:{checkpoint}"]
+    assert list(report["training"]) == [f"checkpoint:{checkpoint}"]
+    assert (entry["stage"], entry["steps"], entry["held_out_loss_end"]) == ("sft", 4, 3.0)
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert f"<p>{SFT_LINE} Run: {run}</p>" in page
+    assert list(images(page))[-1] == f"Training curves: checkpoint:{checkpoint}"
