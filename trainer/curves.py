@@ -38,6 +38,10 @@ class Series:
     keys: tuple[str, ...]  # the first key a row holds is its value (an older row may name it otherwise)
     label: str
     colour: str
+    # held-out points: a second series of a panel gets a smaller, different marker, so that two
+    # equal values (parse and executable share both 0 early on) still show both
+    marker: str = "o"
+    marker_size: float = 6
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,12 @@ class Panel:
     unit_interval: bool = False  # shares: the axis spans 0..1 whatever the values
 
 
-def _pair(key: str, label: str, colour: str) -> tuple[Series, Series]:
-    """A training measure and its held-out counterpart (older OPTD eval rows carry the parts too)."""
-    return Series("train", (key,), label, colour), Series("eval", (key,), f"held-out {label}", colour)
+def _pair(key: str, label: str, colour: str, second: bool = False) -> tuple[Series, Series]:
+    """A training measure and its held-out counterpart (older OPTD eval rows carry the parts too);
+    ``second``: the panel's second measure, whose held-out markers are drawn smaller inside the first's."""
+    marker = {"marker": "D", "marker_size": 4.5} if second else {"marker_size": 7}
+    held_out = Series("eval", (key,), f"held-out {label}", colour, **marker)
+    return Series("train", (key,), label, colour), held_out
 
 
 LOSS_COLOUR, HELD_OUT_COLOUR = "#1f77b4", "#d62728"
@@ -58,15 +65,22 @@ SHARES = Panel(
     "Sampled held-out responses",
     "share of responses",
     (
-        Series("eval", ("parse_share",), "parse share", "#2ca02c"),
-        Series("eval", ("executable_share",), "executable share (of those judged on a screen)", "#9467bd"),
+        Series("eval", ("parse_share",), "parse share", "#2ca02c", marker_size=8),
+        Series(
+            "eval",
+            ("executable_share",),
+            "executable share (of those judged on a screen)",
+            "#9467bd",
+            marker="D",
+            marker_size=4.5,
+        ),
     ),
     unit_interval=True,
 )
 
 
 def panels(stage: str) -> tuple[Panel, ...]:
-    """SFT: loss, response shares. OPTD adds the objective's parts, the trust region and the guidance KL."""
+    """SFT: loss, response shares. OPTD adds the objective's two parts, the trust region, the guidance KL."""
     if stage != "optd":
         loss = Panel(
             "Training and held-out loss",
@@ -86,20 +100,21 @@ def panels(stage: str) -> tuple[Panel, ...]:
             Series("eval", ("held_out_loss", "objective"), "held-out loss", HELD_OUT_COLOUR),
         ),
     )
-    parts = Panel(
-        "Objective parts",
+    # apart: grounding (a token NLL, several nats) would flatten distillation (often 1e-3 or less) to zero
+    distillation = Panel(
+        "Distillation: JSD to the trust-region target",
         "per-token mean",
-        (
-            *_pair("distillation", "distillation (JSD to the target)", "#1f77b4"),
-            *_pair("grounding", "grounding (gold-response NLL)", "#ff7f0e"),
-        ),
+        _pair("distillation", "distillation", "#1f77b4"),
+    )
+    grounding = Panel(
+        "Grounding: NLL of the gold response", "per-token mean", _pair("grounding", "grounding", "#ff7f0e")
     )
     trust = Panel(
         r"Trust region: guidance weight $\lambda^*$ and where the bound binds",
         "per-token mean / share of tokens",
         (
             *_pair("mean_lambda", r"mean $\lambda^*$", "#17becf"),
-            *_pair("binding_share", r"binding share ($\lambda^* < \lambda_{max}$)", "#8c564b"),
+            *_pair("binding_share", r"binding share ($\lambda^* < \lambda_{max}$)", "#8c564b", second=True),
         ),
         unit_interval=True,
     )
@@ -108,7 +123,7 @@ def panels(stage: str) -> tuple[Panel, ...]:
         "KL (nats)",
         _pair("guidance_kl", "guidance KL", "#e377c2"),
     )
-    return loss, SHARES, parts, trust, kl
+    return loss, SHARES, distillation, grounding, trust, kl
 
 
 def _number(value: Any) -> float:
@@ -153,7 +168,8 @@ def draw_panel(axes: Axes, rows: Sequence[dict[str, Any]], panel: Panel) -> int:
         drawn += 1
         label = series.label if any(not math.isnan(v) for v in values) else f"{series.label} (no value yet)"
         if series.kind == "eval":
-            axes.plot(steps, values, "o--", color=series.colour, markersize=6, linewidth=1.2, label=label)
+            axes.plot(steps, values, linestyle="--", marker=series.marker, markersize=series.marker_size,
+                      color=series.colour, linewidth=1.2, label=label)  # fmt: skip
             continue
         smooth = series.keys == ("loss",) and len(values) >= SMOOTH_FROM
         style = {"marker": "o", "markersize": 3} if len(values) <= 30 else {}
@@ -207,6 +223,7 @@ def plot_training_curves(
         axes.set_xlabel("update")
         axes.xaxis.set_tick_params(labelbottom=True)  # sharex hides them on every panel but the last
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.yaxis.get_major_formatter().set_useMathText(True)  # a common factor as ×10⁻⁵, not 1e-5
         axes.set_xlim(-pad, max(last, 1) + pad)
         axes.grid(alpha=0.3)
         if panel.unit_interval:

@@ -30,7 +30,8 @@ SFT_TITLES = ["Training and held-out loss", "Sampled held-out responses"]
 OPTD_TITLES = [
     "Training and held-out objective",
     "Sampled held-out responses",
-    "Objective parts",
+    "Distillation: JSD to the trust-region target",
+    "Grounding: NLL of the gold response",
     r"Trust region: guidance weight $\lambda^*$ and where the bound binds",
     r"Guidance KL: $\mathrm{KL}(q^{\lambda^*} \,\|\, q^0)$, mean over tokens",
 ]
@@ -89,6 +90,10 @@ def test_held_out_points_carry_markers_and_every_panel_a_legend_beside_it():
         assert legend.get_bbox_to_anchor().transformed(axes.transAxes.inverted()).x0 == pytest.approx(1.01)
     held_out = [line for line in figure.axes[0].get_lines() if line.get_label() == "held-out loss"]
     assert held_out[0].get_marker() == "o"
+    # two shares of equal value (both 0 early in a run) stay both visible: a smaller diamond in the circle
+    parse, executable = figure.axes[1].get_lines()
+    assert (parse.get_marker(), executable.get_marker()) == ("o", "D")
+    assert executable.get_markersize() < parse.get_markersize()
 
 
 def test_optd_figure_adds_the_parts_the_trust_region_and_the_guidance_kl():
@@ -99,17 +104,17 @@ def test_optd_figure_adds_the_parts_the_trust_region_and_the_guidance_kl():
     same(drawn["held-out loss"][1], [0.3, 0.18])
     same(drawn["training loss"][1], [0.25 + 0.1 * 1.0, 0.15 + 0.1 * 0.9])
     for label, panel, train, held_out in [
-        ("distillation (JSD to the target)", 2, [0.25, 0.15], [0.2, 0.1]),
-        ("grounding (gold-response NLL)", 2, [1.0, 0.9], [1.0, 0.8]),
-        (r"mean $\lambda^*$", 3, [0.5, 0.6], [0.5, 0.7]),
-        (r"binding share ($\lambda^* < \lambda_{max}$)", 3, [0.6, 0.5], [0.6, 0.4]),
-        ("guidance KL", 4, [0.019, 0.017], [0.02, 0.015]),
+        ("distillation", 2, [0.25, 0.15], [0.2, 0.1]),
+        ("grounding", 3, [1.0, 0.9], [1.0, 0.8]),
+        (r"mean $\lambda^*$", 4, [0.5, 0.6], [0.5, 0.7]),
+        (r"binding share ($\lambda^* < \lambda_{max}$)", 4, [0.6, 0.5], [0.6, 0.4]),
+        ("guidance KL", 5, [0.019, 0.017], [0.02, 0.015]),
     ]:
         assert drawn[label][0] == [1, 2] and drawn[label][2] == panel
         same(drawn[label][1], train)
         assert drawn[f"held-out {label}"][0] == [0, 2] and drawn[f"held-out {label}"][2] == panel
         same(drawn[f"held-out {label}"][1], held_out)
-    low, high = figure.axes[3].get_ylim()  # mean lambda* and binding share are in 0..1
+    low, high = figure.axes[4].get_ylim()  # mean lambda* and binding share are in 0..1
     assert low < 0 < 1 < high < 1.1
 
 
@@ -155,8 +160,8 @@ def test_write_training_curves_writes_a_png_per_stage(tmp_path):
     sft_png, optd_png = write_training_curves(tmp_path / "sft"), write_training_curves(tmp_path / "optd")
     assert sft_png == tmp_path / "sft" / "curves.png"
     assert png_size(sft_png) == (1100, 640)
-    # the OPTD rows are recognised by their parts: five panels, (0.6 + 5 x 2.9) in at 100 dpi
-    assert png_size(optd_png) == (1100, 1510)
+    # the OPTD rows are recognised by their parts: six panels, (0.6 + 6 x 2.9) in at 100 dpi
+    assert png_size(optd_png) == (1100, 1800)
     assert sorted(p.name for p in (tmp_path / "sft").iterdir()) == ["curves.png", "metrics.jsonl"]
 
 
