@@ -8,11 +8,16 @@ decision alignment (``decision_alignment``; the real sessions' row and what its 
 the report's own ``decision_alignment``, or the reason a lake has none). The plots are drawn from the
 trace files themselves: action mix, session lengths and decision mix per source; the funnel, cohort
 fidelity and decision alignment come from the scored figures.
+
+A ``checkpoint:PATH`` simulator whose PATH is a trajforge run's checkpoint also gets its training run
+in the report (``training``: the run's curves and its held-out figures at the start and the end), and
+an OPTD run its teacher's run beside it.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
 import json
@@ -31,6 +36,16 @@ from matplotlib.patches import Patch
 
 from evaluation.metrics import DECISIONS, Side
 from evaluation.traces import load_traces
+from trainer.curves import (
+    checkpoint_run,
+    checkpoint_step,
+    plot_training_curves,
+    read_rows,
+    save_png,
+    stage_of,
+    teacher_checkpoint,
+    training_summary,
+)
 from transforms.schemas import ACTIONS
 
 EFFECT_KEYS: tuple[str, ...] = ("effect_ratio", "effect_error", "effect_ci")
@@ -294,6 +309,110 @@ def alignment_figure(sources: Mapping[str, Mapping[str, Any]]) -> str:
     return grouped_bars(labels, shares, title="Decision alignment (SalesSim)", ylabel="share aligned")
 
 
+# --- the training runs behind checkpoint simulators ---------------------------------------------
+
+CHECKPOINT_SPEC = "checkpoint:"
+TRAINING_DIR = "training"
+
+
+def training_entry(checkpoint: Path, out: Path, teacher_of: bool = False) -> dict[str, Any] | None:
+    """The run behind ``checkpoint``: its summary, and its curves (the checkpoint's update marked) drawn
+    into ``out/training/``, not into the run folder, which the evaluation only reads. For an OPTD run,
+    its teacher's entry under ``teacher`` when the teacher is a trajforge run too (``teacher_of``: this
+    is that teacher's entry). None for a folder that is not a trajforge checkpoint."""
+    run_dir = checkpoint_run(checkpoint)
+    if run_dir is None:
+        return None
+    checkpoint = checkpoint.expanduser().resolve()
+    rows = read_rows(run_dir)
+    stage = stage_of(rows, run_dir)
+    step = checkpoint_step(checkpoint)
+    digest = hashlib.sha256(str(checkpoint).encode()).hexdigest()[:8]
+    (out / TRAINING_DIR).mkdir(parents=True, exist_ok=True)
+    png_path = out / TRAINING_DIR / f"{run_dir.name}-{checkpoint.name}-{digest}.png"
+    mark = "teacher checkpoint" if teacher_of else "evaluated checkpoint"
+    save_png(plot_training_curves(rows, stage, mark_step=step, mark_label=mark), png_path)
+    entry = {
+        **training_summary(run_dir, rows, stage),
+        "checkpoint": str(checkpoint),
+        "checkpoint_step": step,
+        "curves_png": str(png_path),
+    }
+    if not teacher_of and stage == "optd":
+        teacher = teacher_checkpoint(run_dir, checkpoint)
+        entry["teacher_checkpoint"] = str(teacher) if teacher else None
+        entry["teacher"] = training_entry(teacher, out, teacher_of=True) if teacher else None
+    return entry
+
+
+def training_runs(specs: Sequence[str], out: str | Path) -> dict[str, dict[str, Any]]:
+    """``report.json``'s ``training``: an entry per ``checkpoint:PATH`` spec whose PATH is a trajforge
+    run's checkpoint (``RUN/checkpoints/step-NNNNNN`` with ``RUN/metrics.jsonl``); other specs, and
+    other model folders, have none."""
+    found = {}
+    for spec in specs:
+        if spec.startswith(CHECKPOINT_SPEC):
+            entry = training_entry(Path(spec.removeprefix(CHECKPOINT_SPEC)), Path(out))
+            if entry is not None:
+                found[spec] = entry
+    return found
+
+
+TRAINING_FIGURES = (
+    ("held_out_loss", "held-out loss"),
+    ("parse_share", "parse share"),
+    ("executable_share", "executable share"),
+)
+
+
+def training_line(entry: Mapping[str, Any], checkpoint: str = "the checkpoint evaluated") -> str:
+    """One run in a sentence: stage, updates, and the held-out figures at the first and last evaluation."""
+    figures = "; ".join(
+        f"{label} {figure_text(key, entry[f'{key}_start'])} → {figure_text(key, entry[f'{key}_end'])}"
+        for key, label in TRAINING_FIGURES
+    )
+    step = entry.get("checkpoint_step")
+    at = f" ({checkpoint}: update {step})" if step is not None else ""
+    return f"{entry['stage'].upper()}, {entry['steps']} updates{at}; {figures}. Run: {entry['run_dir']}"
+
+
+def _embedded(path: str, alt: str) -> str:
+    image = Path(path)
+    if not image.is_file():
+        return f'<p class="note">The curves are no longer at {html.escape(path)}.</p>'
+    data = base64.b64encode(image.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def training_html(training: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The Training section: per checkpoint simulator, its run's summary line and curves, then its
+    teacher's when it has one."""
+    if not training:
+        return []
+    parts = [
+        "<h2>Training</h2>",
+        '<p class="note">The training run behind each checkpoint simulator, from its metrics.jsonl; '
+        "start and end are its first and last held-out evaluation; the dotted line marks the "
+        "checkpoint evaluated (in a teacher's run, the teacher checkpoint).</p>",
+    ]
+    for spec, entry in training.items():
+        parts += [
+            f"<h3>{html.escape(spec)}</h3>",
+            f"<p>{html.escape(training_line(entry))}</p>",
+            _embedded(entry["curves_png"], f"Training curves: {spec}"),
+        ]
+        if teacher := entry.get("teacher"):
+            parts += [
+                f"<h4>Its teacher: {html.escape(teacher['checkpoint'])}</h4>",
+                f"<p>{html.escape(training_line(teacher, 'the teacher checkpoint'))}</p>",
+                _embedded(teacher["curves_png"], f"Training curves: {spec}, teacher"),
+            ]
+        elif entry.get("teacher_checkpoint"):
+            teacher_path = html.escape(entry["teacher_checkpoint"])
+            parts.append(f'<p class="note">Its teacher, {teacher_path}, is not a trajforge run folder.</p>')
+    return parts
+
+
 # --- tables -------------------------------------------------------------------------------------
 
 
@@ -418,6 +537,7 @@ def render_html(report: Mapping[str, Any], dists: Mapping[str, Distributions]) -
         parts.append('<p class="note">No simulator has an A/B effect estimate in this evaluation.</p>')
     else:
         parts.append(f'<img alt="A/B effect ratio" src="data:image/png;base64,{effect}">')
+    parts += training_html(report.get("training") or {})
     body = "\n".join(parts)
     return f'<!doctype html><html><head><meta charset="utf-8"><title>Simulator evaluation</title>' \
         f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"  # fmt: skip

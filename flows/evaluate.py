@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from evaluation.engine import DEFAULT_BATCH, replay, roll_out
 from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
-from evaluation.report import EFFECT_KEYS, comparison_markdown, write_report
+from evaluation.report import EFFECT_KEYS, comparison_markdown, training_runs, write_report
 from evaluation.simulators import LAKE_SIMULATORS, Sampling, StateSimulator, simulator_for_lake
 from flows.alignment import alignment_report
 from flows.ingest import world_path
@@ -126,6 +126,12 @@ def align_decisions(lake: str, real: str, simulators: dict[str, str]) -> dict[st
     return alignment_report(lake, real, simulators)
 
 
+@task(name="training-runs", cache_policy=NO_CACHE)
+def training(simulators: list[str], out: str) -> dict[str, Any]:
+    """The training run behind each checkpoint simulator that is a trajforge run, its curves drawn."""
+    return training_runs(simulators, out)
+
+
 @task(name="write-report", cache_policy=NO_CACHE)
 def report(out: str, content: dict[str, Any], traces: dict[str, str]) -> dict[str, str]:
     paths = write_report(out, content, traces)
@@ -179,6 +185,7 @@ def evaluate_flow(
             for spec, w in written.items()
         },
         "runs": written,
+        "training": training(simulators, out),
     }
     rollouts = {"real": real["path"], **{spec: w["rollout"]["path"] for spec, w in written.items()}}
     return {**report(out, content, rollouts), "report": content}

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -250,11 +250,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # --- metrics -----------------------------------------------------------------------------
 
 
-class MetricsLog:
-    """Append-only JSONL of step and evaluation rows; on resume, rows after the restart step are dropped."""
+class MetricsMirror(Protocol):
+    """Somewhere else each metrics row goes as it is written (trainer.tensorboard_log.TensorBoardMirror)."""
 
-    def __init__(self, path: str | Path, resume_from: int | None = None) -> None:
+    def write(self, row: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MetricsLog:
+    """Append-only JSONL of step and evaluation rows; on resume, rows after the restart step are dropped.
+
+    Each row written is also handed to every one of ``mirrors``, after it is in the file."""
+
+    def __init__(
+        self, path: str | Path, resume_from: int | None = None, mirrors: Sequence[MetricsMirror] = ()
+    ) -> None:
         self.path = Path(path)
+        self.mirrors = tuple(mirrors)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_from is None:
             self.path.write_text("")
@@ -267,6 +280,13 @@ class MetricsLog:
     def write(self, row: dict[str, Any]) -> None:
         with self.path.open("a") as out:
             out.write(json.dumps(row) + "\n")
+        for mirror in self.mirrors:
+            mirror.write(row)
+
+    def close(self) -> None:
+        """Close the mirrors (the file itself is closed after every row)."""
+        for mirror in self.mirrors:
+            mirror.close()
 
     def rows(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.path.read_text().splitlines()]
