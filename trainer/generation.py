@@ -10,6 +10,7 @@ Only torch and transformers are imported here; vLLM is imported when a ``VLLMGen
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,10 @@ from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+VLLM_MISSING = (
+    'generator "vllm" needs vLLM, which is not installed (a GPU machine: pip install "trajforge[vllm]")'
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,32 @@ class Generator(Protocol):
 
 class StalePolicy(RuntimeError):
     """Samples came from weights older than the ones being trained."""
+
+
+class VLLMUnavailable(ImportError, ValueError):
+    """``generator = "vllm"`` where vLLM is not installed.
+
+    A ValueError as well: the command line prints every setting that cannot be honoured as one
+    ``stopped:`` line, without a traceback; an ImportError for callers that catch a missing extra.
+    """
+
+
+def require_generator(name: str) -> None:
+    """Stop at once if ``name``'s engine is not installed: called before any model is loaded."""
+    if name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise VLLMUnavailable(VLLM_MISSING)
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` package, or the one-line ``VLLMUnavailable`` when it is not installed."""
+    try:
+        import vllm
+        import vllm.inputs  # TokensPrompt lives there
+    except ModuleNotFoundError as err:
+        if err.name is not None and err.name.split(".")[0] == "vllm":
+            raise VLLMUnavailable(VLLM_MISSING) from None
+        raise  # vLLM is there and one of its own dependencies is not: that message is the useful one
+    return vllm
 
 
 def cut_at_eos(ids: Sequence[int], eos_ids: Sequence[int]) -> list[int]:
@@ -150,9 +181,9 @@ class VLLMGenerator:
         dtype: str = "bfloat16",
         seed: int = 0,
     ) -> None:
-        from vllm import LLM  # optional extra: a GPU machine with vLLM installed
+        vllm = import_vllm()  # optional extra: a GPU machine with vLLM installed
 
-        self.llm = LLM(
+        self.llm = vllm.LLM(
             model=str(checkpoint),
             dtype=dtype,
             enable_sleep_mode=True,

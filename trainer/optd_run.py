@@ -23,7 +23,14 @@ from tqdm.auto import tqdm
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
 from trainer.data import StateSampler, power_law_weights
 from trainer.distributed import World, unsharded
-from trainer.generation import Generated, Generator, HFGenerator, VLLMGenerator, check_on_policy
+from trainer.generation import (
+    Generated,
+    Generator,
+    HFGenerator,
+    VLLMGenerator,
+    check_on_policy,
+    require_generator,
+)
 from trainer.loop import MetricsLog, PhaseTimer, StepReport, Trainer, autocast
 from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
@@ -133,6 +140,7 @@ def prepare_optd(
 ) -> OPTDRun:
     """Student from ``start`` (the SFT checkpoint, or the one resumed), frozen teacher from ``sft``; the
     student's wrapping for data parallelism, its optimiser and schedule are the SFT run's."""
+    require_generator(optd.generator)  # a missing engine stops the run before any model is loaded
     settings = optd.train_settings(settings)
     base = prepare_sft_run(settings, lake, out, start)
     world = base.world
