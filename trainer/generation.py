@@ -5,6 +5,9 @@ weights, and stamps them with the policy version (the number of optimiser update
 have seen). The OPTD step checks the stamp against the trainer's update count: a sample from
 older weights would not be on-policy, and the step refuses it.
 
+Both paths take what a response may contain from one place (``token_rules``): the ids it stops at
+and the padded vocabulary rows it may never contain.
+
 Only torch and transformers are imported here; vLLM is imported when a ``VLLMGenerator`` is built.
 """
 
@@ -18,6 +21,8 @@ from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from trainer.models import model_vocab_size
 
 VLLM_MISSING = (
     'generator "vllm" needs vLLM, which is not installed (a GPU machine: pip install "trajforge[vllm]")'
@@ -106,6 +111,35 @@ def eos_ids_of(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> li
     return sorted({tokenizer.eos_token_id, *(e for e in extra if e is not None)})
 
 
+@dataclass(frozen=True)
+class TokenRules:
+    """What a sampled response may contain, the same for every generation path.
+
+    ``stop_ids``: a response ends at the first of them, kept as its last token. ``suppressed_ids``:
+    ids never sampled (the padded rows past the tokenizer, which have no token to decode to; see
+    ``trainer.models.fit_generation_config``). ``vocab_size``: the model's rows, the logits' width.
+    """
+
+    stop_ids: tuple[int, ...]
+    suppressed_ids: tuple[int, ...]
+    vocab_size: int
+
+    def allowed_ids(self) -> list[int] | None:
+        """Every id below the model's vocabulary except the suppressed ones (None: nothing to mask)."""
+        if not self.suppressed_ids:
+            return None
+        banned = set(self.suppressed_ids)
+        return [i for i in range(self.vocab_size) if i not in banned]
+
+
+def token_rules(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> TokenRules:
+    """The stop ids (``eos_ids_of``) and the suppressed rows of ``model``'s generation config."""
+    suppressed = model.generation_config.suppress_tokens or []
+    return TokenRules(
+        tuple(eos_ids_of(tokenizer, model)), tuple(sorted(set(suppressed))), model_vocab_size(model)
+    )
+
+
 class HFGenerator:
     """Batched ``generate`` on the training model itself: always the current weights (no copy to sync)."""
 
@@ -114,7 +148,8 @@ class HFGenerator:
     ) -> None:
         self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
         self.policy_version = 0
-        self.eos_ids = eos_ids_of(tokenizer, model)
+        self.rules = token_rules(tokenizer, model)
+        self.eos_ids = list(self.rules.stop_ids)
 
     def config(self) -> GenerationConfig:
         """Plain sampling from the model's distribution: no top-k or repetition penalty a checkpoint
@@ -129,7 +164,7 @@ class HFGenerator:
             eos_token_id=self.eos_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.tokenizer.bos_token_id,
-            suppress_tokens=self.model.generation_config.suppress_tokens,
+            suppress_tokens=list(self.rules.suppressed_ids) or None,
         )
 
     @torch.no_grad()
@@ -174,6 +209,7 @@ class VLLMGenerator:
     def __init__(
         self,
         checkpoint: str | Path,
+        model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         sampling: SamplingSettings,
         *,
@@ -192,19 +228,27 @@ class VLLMGenerator:
             skip_tokenizer_init=True,  # prompts arrive as ids; responses leave as ids
         )
         self.tokenizer, self.sampling = tokenizer, sampling
-        self.eos_ids = [tokenizer.eos_token_id]
+        self.rules = token_rules(tokenizer, model)
+        self.eos_ids = list(self.rules.stop_ids)
+        self.allowed_ids = self.rules.allowed_ids()
         self.policy_version = 0
         self.llm.sleep(level=1)
 
     def sampling_params(self) -> Any:
+        """What ``HFGenerator.config`` asks of ``generate``: plain sampling at the temperature and top-p,
+        the same stop ids, the padded rows masked out."""
         from vllm import SamplingParams
 
         return SamplingParams(
+            n=1,
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            top_k=-1,
+            top_k=0,  # 0: every token (vLLM's preferred spelling of "no top-k")
+            min_p=0.0,
+            repetition_penalty=1.0,
             max_tokens=self.sampling.max_new_tokens,
-            stop_token_ids=self.eos_ids,
+            stop_token_ids=list(self.rules.stop_ids),
+            allowed_token_ids=self.allowed_ids,
             skip_special_tokens=False,
             detokenize=False,
         )

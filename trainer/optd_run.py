@@ -131,7 +131,9 @@ class OPTDRun:
 
 def build_generator(run_base: SftRun, optd: OPTDSettings, checkpoint: Path) -> Generator:
     if optd.generator == "vllm":
-        return VLLMGenerator(checkpoint, run_base.tokenizer, optd.sampling(), seed=run_base.settings.seed)
+        return VLLMGenerator(
+            checkpoint, run_base.model, run_base.tokenizer, optd.sampling(), seed=run_base.settings.seed
+        )
     return HFGenerator(run_base.model, run_base.tokenizer, optd.sampling())
 
 
