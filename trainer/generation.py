@@ -14,7 +14,8 @@ Only torch and transformers are imported here; vLLM is imported when a ``VLLMGen
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,8 +23,10 @@ from typing import Any, Protocol
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.distributed import full_tensor
 from trainer.models import model_vocab_size
 
+ENGINE_MEMORY = ("weights", "kv_cache")  # vLLM's sleep-mode tags
 VLLM_MISSING = (
     'generator "vllm" needs vLLM, which is not installed (a GPU machine: pip install "trajforge[vllm]")'
 )
@@ -190,6 +193,41 @@ class HFGenerator:
         self.policy_version = policy_version
 
 
+def whole_weights(model: PreTrainedModel) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s state dict as whole tensors under its Hugging Face names (what a checkpoint holds
+    and vLLM's ``load_weights`` reads), each tensor once (a tied head is the embedding's alias).
+
+    Under FSDP2 each value is a DTensor shard and gathering it is a collective: every rank must run
+    through the whole iterator, in the same order, whatever it does with the tensors.
+    """
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        with torch.no_grad():
+            whole = full_tensor(tensor.detach())
+        yield name, whole
+
+
+def in_chunks(
+    weights: Iterator[tuple[str, torch.Tensor]], max_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive groups of at most ``max_bytes`` (a larger tensor alone): the gathered copies of
+    one group are freed before the next is gathered."""
+    group: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if group and size + nbytes > max_bytes:
+            yield group
+            group, size = [], 0
+        group.append((name, tensor))
+        size += nbytes
+    if group:
+        yield group
+
+
 def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
     """Runs inside vLLM's worker (``collective_rpc``): load the trainer's named tensors into its model."""
     worker.model_runner.model.load_weights(weights=weights)
@@ -199,11 +237,20 @@ def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
 class VLLMGenerator:
     """A vLLM engine in the training process, sharing the GPU by sleeping while the trainer works.
 
-    Written against vLLM's documented offline API (``LLM(..., enable_sleep_mode=True)``,
-    ``sleep(level=1)``, ``wake_up(tags=[...])``, ``collective_rpc``); it needs a GPU and vLLM
+    Not run on a GPU by this project's tests. ``tests/trainer/test_generation.py`` runs it against a
+    stand-in ``vllm`` module that records what this class sends: the sampling parameters (the same
+    stop ids and the same masked padded rows as ``HFGenerator``), the prompts, the sleep and wake-up
+    calls, and the weights ``sync`` loads (whole tensors equal to the model's, gathered from FSDP2
+    shards on two CPU ranks). Only a GPU run with vLLM installed would show that vLLM accepts these
+    calls as sent, that ``load_weights`` takes these names and the sampled tokens follow the synced
+    weights, that sleep mode frees and restores the memory as documented, and that several
+    ``torchrun`` ranks each run an engine (``distributed_executor_backend="external_launcher"``).
+
+    Written against vLLM's offline API (``LLM(..., enable_sleep_mode=True)``, ``sleep(level=1)``,
+    ``wake_up(tags=[...])``, ``collective_rpc``, ``TokensPrompt``, ``SamplingParams``); vLLM runs
     in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the weight tensors need no pickling).
-    After every optimiser update ``sync`` copies the trainer's weights into the engine and stamps
-    the version; ``generate`` wakes the KV cache, samples and sleeps again.
+    After every optimiser update ``sync`` wakes the engine's weights alone and loads the trainer's
+    into them; ``generate`` wakes whatever still sleeps (the KV cache), samples and sleeps again.
     """
 
     def __init__(
@@ -213,13 +260,20 @@ class VLLMGenerator:
         tokenizer: PreTrainedTokenizerBase,
         sampling: SamplingSettings,
         *,
+        seed: int = 0,
         gpu_memory_utilization: float = 0.3,
         dtype: str = "bfloat16",
-        seed: int = 0,
+        sync_chunk_bytes: int = 1 << 30,
     ) -> None:
         vllm = import_vllm()  # optional extra: a GPU machine with vLLM installed
-
-        self.llm = vllm.LLM(
+        # in-process engine: collective_rpc calls the loader directly with the trainer's tensors
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.sampling, self.sync_chunk_bytes = sampling, sync_chunk_bytes
+        self.rules = token_rules(tokenizer, model)
+        self.eos_ids = list(self.rules.stop_ids)
+        self.allowed_ids = self.rules.allowed_ids()
+        self.policy_version = 0
+        engine: dict[str, Any] = dict(
             model=str(checkpoint),
             dtype=dtype,
             enable_sleep_mode=True,
@@ -227,12 +281,13 @@ class VLLMGenerator:
             seed=seed,
             skip_tokenizer_init=True,  # prompts arrive as ids; responses leave as ids
         )
-        self.tokenizer, self.sampling = tokenizer, sampling
-        self.rules = token_rules(tokenizer, model)
-        self.eos_ids = list(self.rules.stop_ids)
-        self.allowed_ids = self.rules.allowed_ids()
-        self.policy_version = 0
-        self.llm.sleep(level=1)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and torch.distributed.get_world_size() > 1:
+            # one engine per torchrun rank, in the ranks' own process group (vLLM's torchrun executor)
+            engine["distributed_executor_backend"] = "external_launcher"
+        self.llm = vllm.LLM(**engine)
+        self.asleep: set[str] = set()
+        self.sleep()
 
     def sampling_params(self) -> Any:
         """What ``HFGenerator.config`` asks of ``generate``: plain sampling at the temperature and top-p,
@@ -253,27 +308,42 @@ class VLLMGenerator:
             detokenize=False,
         )
 
+    def wake(self, tags: Sequence[str]) -> None:
+        """Wake the tagged memory that sleeps: waking memory that is awake is never asked for (a no-op
+        in the newest vLLM, not in every version)."""
+        sleeping = [tag for tag in ENGINE_MEMORY if tag in tags and tag in self.asleep]
+        if sleeping:
+            self.llm.wake_up(tags=None if len(sleeping) == len(ENGINE_MEMORY) else sleeping)
+            self.asleep -= set(sleeping)
+
+    def sleep(self) -> None:
+        """Level 1: the weights wait in host memory (an evaluation may sample before the next sync),
+        the KV cache is dropped."""
+        self.llm.sleep(level=1)
+        self.asleep = set(ENGINE_MEMORY)
+
     def generate(self, prompts: Sequence[Sequence[int]]) -> Generated:
+        if not prompts:
+            return Generated([], self.policy_version)
         from vllm.inputs import TokensPrompt
 
-        self.llm.wake_up()
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        self.wake(ENGINE_MEMORY)
         try:
-            outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                self.sampling_params(),
-                use_tqdm=False,
-            )
+            outputs = self.llm.generate(requests, self.sampling_params(), use_tqdm=False)
         finally:
-            self.llm.sleep(level=1)
+            self.sleep()
         responses = [cut_at_eos(list(o.outputs[0].token_ids), self.eos_ids) for o in outputs]
         return Generated(responses, self.policy_version)
 
     def sync(self, model: PreTrainedModel, policy_version: int) -> None:
-        # weights first, alone, so the old KV cache and the new weights are never resident together
-        self.llm.wake_up(tags=["weights"])
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
-        self.llm.collective_rpc(_load_weights_in_worker, args=(weights,))
-        self.llm.sleep(level=1)
+        """Load ``model``'s weights (the Hugging Face model, not a wrapper: its names are the
+        checkpoint's) into the engine. Every rank calls it: under FSDP2 the gathers are collectives."""
+        # weights alone: the KV cache stays unallocated until generate, so the gathered tensors,
+        # the trainer's state and the engine's weights never share the GPU with it
+        self.wake(["weights"])
+        for chunk in in_chunks(whole_weights(model), self.sync_chunk_bytes):
+            self.llm.collective_rpc(_load_weights_in_worker, args=(chunk,))
         self.policy_version = policy_version
 
 
