@@ -13,13 +13,17 @@ Only torch and transformers are imported here; vLLM is imported when a ``VLLMGen
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import random
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -234,23 +238,57 @@ def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
     return len(weights)
 
 
+def request_seed(draw: int, rank: int, index: int) -> int:
+    """The seed of one request: ``draw`` (from the trainer's torch stream) mixed with the rank and the
+    prompt's index, in [0, 2**63) (a ``torch.Generator`` seed)."""
+    digest = hashlib.blake2b(f"{draw}:{rank}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+@contextmanager
+def trainer_rng_kept() -> Iterator[None]:
+    """Leave the trainer's random generators as they were, whatever the engine does with them.
+
+    vLLM's worker seeds python's, numpy's and torch's generators when the engine starts
+    (``set_random_seed(model_config.seed)``, in-process here): that would replace the trainer's
+    per-rank streams, which the checkpoints save and the samples' seeds are drawn from.
+    """
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    python, numpy = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+
+
 class VLLMGenerator:
     """A vLLM engine in the training process, sharing the GPU by sleeping while the trainer works.
 
     Not run on a GPU by this project's tests. ``tests/trainer/test_generation.py`` runs it against a
     stand-in ``vllm`` module that records what this class sends: the sampling parameters (the same
-    stop ids and the same masked padded rows as ``HFGenerator``), the prompts, the sleep and wake-up
-    calls, and the weights ``sync`` loads (whole tensors equal to the model's, gathered from FSDP2
-    shards on two CPU ranks). Only a GPU run with vLLM installed would show that vLLM accepts these
-    calls as sent, that ``load_weights`` takes these names and the sampled tokens follow the synced
-    weights, that sleep mode frees and restores the memory as documented, and that several
-    ``torchrun`` ranks each run an engine (``distributed_executor_backend="external_launcher"``).
+    stop ids and the same masked padded rows as ``HFGenerator``, a seed per request), the prompts,
+    the sleep and wake-up calls, and the weights ``sync`` loads (whole tensors equal to the model's,
+    gathered from FSDP2 shards on two CPU ranks), and that a resumed run sends what an uninterrupted
+    one sends. Only a GPU run with vLLM installed would show that vLLM accepts these calls as sent,
+    that ``load_weights`` takes these names and the sampled tokens follow the synced weights, that
+    sleep mode frees and restores the memory as documented, and that several ``torchrun`` ranks each
+    run an engine (``distributed_executor_backend="external_launcher"``).
 
     Written against vLLM's offline API (``LLM(..., enable_sleep_mode=True)``, ``sleep(level=1)``,
     ``wake_up(tags=[...])``, ``collective_rpc``, ``TokensPrompt``, ``SamplingParams``); vLLM runs
     in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the weight tensors need no pickling).
     After every optimiser update ``sync`` wakes the engine's weights alone and loads the trainer's
     into them; ``generate`` wakes whatever still sleeps (the KV cache), samples and sleeps again.
+
+    Randomness: each request carries its own seed (vLLM then samples it from a generator of its
+    own, so the engine keeps no sampling state that a checkpoint would need). The seeds of one call
+    are drawn from the trainer's torch stream, mixed with the rank and the prompt's index: the same
+    stream ``HFGenerator`` samples from, which every checkpoint saves per rank and ``--resume``
+    restores, so a resumed run sends the seeds an uninterrupted one would. Held-out evaluations
+    sample inside ``responses.seeded``, the fixed stream of their own, so every evaluation draws the
+    same seeds and leaves the training stream as it was, as on the HF path.
     """
 
     def __init__(
@@ -260,6 +298,7 @@ class VLLMGenerator:
         tokenizer: PreTrainedTokenizerBase,
         sampling: SamplingSettings,
         *,
+        rank: int = 0,
         seed: int = 0,
         gpu_memory_utilization: float = 0.3,
         dtype: str = "bfloat16",
@@ -268,7 +307,7 @@ class VLLMGenerator:
         vllm = import_vllm()  # optional extra: a GPU machine with vLLM installed
         # in-process engine: collective_rpc calls the loader directly with the trainer's tensors
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.sampling, self.sync_chunk_bytes = sampling, sync_chunk_bytes
+        self.sampling, self.rank, self.sync_chunk_bytes = sampling, rank, sync_chunk_bytes
         self.rules = token_rules(tokenizer, model)
         self.eos_ids = list(self.rules.stop_ids)
         self.allowed_ids = self.rules.allowed_ids()
@@ -285,13 +324,19 @@ class VLLMGenerator:
         if distributed and torch.distributed.get_world_size() > 1:
             # one engine per torchrun rank, in the ranks' own process group (vLLM's torchrun executor)
             engine["distributed_executor_backend"] = "external_launcher"
-        self.llm = vllm.LLM(**engine)
-        self.asleep: set[str] = set()
-        self.sleep()
+        with trainer_rng_kept():
+            self.llm = vllm.LLM(**engine)
+            self.asleep: set[str] = set()
+            self.sleep()
 
-    def sampling_params(self) -> Any:
+    def request_seeds(self, n: int) -> list[int]:
+        """One seed per prompt of this call (one draw from the trainer's torch stream)."""
+        draw = int(torch.randint(2**63 - 1, (1,)).item())
+        return [request_seed(draw, self.rank, index) for index in range(n)]
+
+    def sampling_params(self, seed: int) -> Any:
         """What ``HFGenerator.config`` asks of ``generate``: plain sampling at the temperature and top-p,
-        the same stop ids, the padded rows masked out."""
+        the same stop ids, the padded rows masked out, and this request's seed."""
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -304,6 +349,7 @@ class VLLMGenerator:
             max_tokens=self.sampling.max_new_tokens,
             stop_token_ids=list(self.rules.stop_ids),
             allowed_token_ids=self.allowed_ids,
+            seed=seed,
             skip_special_tokens=False,
             detokenize=False,
         )
@@ -327,23 +373,26 @@ class VLLMGenerator:
             return Generated([], self.policy_version)
         from vllm.inputs import TokensPrompt
 
+        params = [self.sampling_params(seed) for seed in self.request_seeds(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        self.wake(ENGINE_MEMORY)
-        try:
-            outputs = self.llm.generate(requests, self.sampling_params(), use_tqdm=False)
-        finally:
-            self.sleep()
+        with trainer_rng_kept():
+            self.wake(ENGINE_MEMORY)
+            try:
+                outputs = self.llm.generate(requests, params, use_tqdm=False)
+            finally:
+                self.sleep()
         responses = [cut_at_eos(list(o.outputs[0].token_ids), self.eos_ids) for o in outputs]
         return Generated(responses, self.policy_version)
 
     def sync(self, model: PreTrainedModel, policy_version: int) -> None:
         """Load ``model``'s weights (the Hugging Face model, not a wrapper: its names are the
         checkpoint's) into the engine. Every rank calls it: under FSDP2 the gathers are collectives."""
-        # weights alone: the KV cache stays unallocated until generate, so the gathered tensors,
-        # the trainer's state and the engine's weights never share the GPU with it
-        self.wake(["weights"])
-        for chunk in in_chunks(whole_weights(model), self.sync_chunk_bytes):
-            self.llm.collective_rpc(_load_weights_in_worker, args=(chunk,))
+        with trainer_rng_kept():
+            # weights alone: the KV cache stays unallocated until generate, so the gathered tensors,
+            # the trainer's state and the engine's weights never share the GPU with it
+            self.wake(["weights"])
+            for chunk in in_chunks(whole_weights(model), self.sync_chunk_bytes):
+                self.llm.collective_rpc(_load_weights_in_worker, args=(chunk,))
         self.policy_version = policy_version
 
 

@@ -131,8 +131,9 @@ class OPTDRun:
 
 def build_generator(run_base: SftRun, optd: OPTDSettings, checkpoint: Path) -> Generator:
     if optd.generator == "vllm":
+        seed, rank = run_base.settings.seed, run_base.world.rank
         return VLLMGenerator(
-            checkpoint, run_base.model, run_base.tokenizer, optd.sampling(), seed=run_base.settings.seed
+            checkpoint, run_base.model, run_base.tokenizer, optd.sampling(), rank=rank, seed=seed
         )
     return HFGenerator(run_base.model, run_base.tokenizer, optd.sampling())
 
