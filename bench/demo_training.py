@@ -75,7 +75,8 @@ def one(lake: Path, out: Path, name: str, values: dict[str, Any], optd: bool) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--lake", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / ".work" / "demo-training")
     parser.add_argument("--config", nargs=2, action="append", metavar=("NAME", "JSON"), required=True)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flows.interrupt import InterruptibleGroup
@@ -40,7 +41,7 @@ RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract",
 
 def stopped(err: Exception) -> typer.Exit:
     """Print a stage's clean stop (a gate or a bundle problem) as its paragraph, no traceback."""
-    console.print(f"[red]stopped:[/red] {err}", soft_wrap=True)
+    console.print(f"[red]stopped:[/red] {escape(str(err))}", soft_wrap=True)
     return typer.Exit(1)
 
 

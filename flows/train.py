@@ -14,6 +14,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
+from rich.markup import escape
 
 from flows.settings import load_settings, toml_section
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
@@ -203,7 +204,7 @@ def train_command(
             resume=resume,
         )
     except (StageNotAvailable, FileNotFoundError, ValueError) as err:
-        console.print(f"[red]stopped:[/red] {err}", soft_wrap=True)
+        console.print(f"[red]stopped:[/red] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(1) from None
     summary = json.loads((out / "summary.json").read_text())
     console.print(summary_markdown(stage, summary), soft_wrap=True)

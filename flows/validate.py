@@ -21,6 +21,7 @@ from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from transforms.config import IngestSettings
@@ -168,7 +169,7 @@ def validate_command(
     try:
         summary = validate_flow(str(Path(lake).resolve()), [table] if table else None)
     except GateError as err:
-        console.print(f"[red]validation stopped:[/red] {err}", soft_wrap=True)
+        console.print(f"[red]validation stopped:[/red] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(1) from None
     print_summary(console, summary)
 

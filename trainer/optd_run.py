@@ -26,7 +26,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.data import EncodedState, RecordText, StatePool, intents_hash
 from trainer.distributed import unsharded
-from trainer.generation import Generated, Generator, HFGenerator, VLLMGenerator, check_on_policy
+from trainer.generation import (
+    Generated,
+    Generator,
+    HFGenerator,
+    VLLMGenerator,
+    check_on_policy,
+    require_generator,
+)
 from trainer.loop import PhaseTimer, StepReport, autocast, seeded
 from trainer.models import check_same_vocabulary, load_pretrained
 from trainer.optd import (
@@ -83,6 +90,7 @@ class OPTDRun(TrainingRun):
         on_evaluation: EvaluationHook | None = None,
     ) -> None:
         self.teacher_path = teacher
+        require_generator(settings.generator)  # a missing engine stops the run before any model is loaded
         super().__init__(settings, lake, out, start_from, judge, on_evaluation)
         if self.world.rank > 0:  # each rank samples its own states with its own noise
             torch.manual_seed(settings.seed + self.world.rank)
@@ -129,7 +137,14 @@ class OPTDRun(TrainingRun):
     def build_generator(self, checkpoint: Path) -> Generator:
         sampling = self.settings.rollout_sampling
         if self.settings.generator == "vllm":
-            return VLLMGenerator(checkpoint, self.tokenizer, sampling, seed=self.settings.seed)
+            return VLLMGenerator(
+                checkpoint,
+                self.model,
+                self.tokenizer,
+                sampling,
+                rank=self.world.rank,
+                seed=self.settings.seed,
+            )
         return HFGenerator(self.model, self.tokenizer, sampling)
 
     def check_lineage(self, meta: dict[str, Any]) -> None:
