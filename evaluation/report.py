@@ -64,6 +64,21 @@ TABLE2: tuple[tuple[str, str, str], ...] = (
     ("L4", "T-JSD", LOWER),
 )
 LEVELS = ("L0", "L1", "L2", "L3", "L4")
+#: the eight fidelity figures of Table 2 (L1-L4), each with its direction
+PAPER_METRICS: tuple[tuple[str, str], ...] = tuple((m, d) for level, m, d in TABLE2 if level != "L0")
+
+
+def better_than(figures: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, bool | None]:
+    """Per paper figure, whether ``figures`` is strictly better than ``reference`` (None when either is
+    missing): a tie is not a win, so a figure both leave at 0 (PF without cohorts) counts for neither."""
+    verdicts: dict[str, bool | None] = {}
+    for metric, direction in PAPER_METRICS:
+        ours, theirs = figures.get(metric), reference.get(metric)
+        if ours is None or theirs is None:
+            verdicts[metric] = None
+        else:
+            verdicts[metric] = ours > theirs if direction == HIGHER else ours < theirs
+    return verdicts
 FUNNEL_STAGES = (
     ("click_share", "clicked"),
     ("detail_page_share", "opened a detail page"),

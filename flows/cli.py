@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -273,7 +274,42 @@ def run(
     # paths on lines of their own, never wrapped: a terminal narrower than a path must not break it
     console.print(f"[bold]evaluation report:[/bold] {evaluation['html']}", soft_wrap=True)
     console.print(f"[bold]figures:[/bold] {evaluation['json']}", soft_wrap=True)
+    print_checkpoint_figures(console, workdir, evaluation["report"], result["checkpoint"])
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
+
+
+def print_checkpoint_figures(console: Console, workdir: Path, report: dict, checkpoint: str) -> None:
+    """The trained checkpoint beside ``random``: its held-out responses, its rollouts' OVA, and the
+    paper's eight figures, each marked where the checkpoint does better."""
+    from evaluation.report import PAPER_METRICS, better_than
+
+    summary = json.loads((workdir / "train" / "optd" / "summary.json").read_text())
+    end = summary.get("held_out_end") or {}
+    shares = (end.get("parse_share"), end.get("executable_share"))
+    console.print(
+        f"[bold]checkpoint's held-out responses[/bold] ({end.get('sampled', 0)} sampled, "
+        f"{summary['held_out_users']} held-out users): parse {fmt(shares[0])}, executable {fmt(shares[1])}"
+    )
+    ours = report["simulators"][f"checkpoint:{checkpoint}"]
+    chance = report["simulators"].get("random")
+    table = Table(title="Table 2: the checkpoint beside random (✓ where it does better)")
+    table.add_column("")
+    for metric, direction in (("OVA", "↑"), *PAPER_METRICS):
+        table.add_column(f"{metric} {direction}", justify="right")
+    verdicts = better_than(ours, chance) if chance else {}
+    table.add_row("checkpoint", fmt(ours.get("OVA")), *(
+        f"{fmt(ours.get(m))}{' ✓' if verdicts.get(m) else ''}" for m, _ in PAPER_METRICS
+    ))  # fmt: skip
+    if chance:
+        table.add_row("random", fmt(chance.get("OVA")), *(fmt(chance.get(m)) for m, _ in PAPER_METRICS))
+    console.print(table)
+    if chance:
+        wins = sum(bool(v) for v in verdicts.values())
+        console.print(f"the checkpoint beats random on {wins} of {len(PAPER_METRICS)} figures")
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 @app.command()

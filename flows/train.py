@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from flows.settings import load_settings, toml_section
+from flows.training_artifacts import publish_training_progress
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
 
 Stage = Literal["sft", "optd"]
@@ -33,18 +35,41 @@ def screen_judge(lake: str) -> Any:
     return ScreenJudge(lake)
 
 
+def progress(out: str, stage: str) -> Callable[[dict[str, Any]], None]:
+    """What the run calls after each held-out evaluation: the curves redrawn, the progress artifacts."""
+    return lambda _row: publish_training_progress(out, stage)
+
+
 @task(name="train-sft", cache_policy=NO_CACHE)
 def sft_task(lake: str, out: str, base: str | None, settings: TrainSettings, resume: bool) -> dict[str, Any]:
     from trainer.run import run_sft  # torch loads when a run starts, not with the command line
 
-    return asdict(run_sft(settings, lake, out, base=base, resume=resume, judge=screen_judge(lake)))
+    summary = run_sft(
+        settings,
+        lake,
+        out,
+        base=base,
+        resume=resume,
+        judge=screen_judge(lake),
+        on_evaluation=progress(out, "sft"),
+    )
+    return asdict(summary)
 
 
 @task(name="train-optd", cache_policy=NO_CACHE)
 def optd_task(lake: str, out: str, base: str, settings: OPTDSettings, resume: bool) -> dict[str, Any]:
     from trainer.optd_run import run_optd
 
-    return asdict(run_optd(settings, lake, out, base, resume=resume, judge=screen_judge(lake)))
+    summary = run_optd(
+        settings,
+        lake,
+        out,
+        base,
+        resume=resume,
+        judge=screen_judge(lake),
+        on_evaluation=progress(out, "optd"),
+    )
+    return asdict(summary)
 
 
 @task(name="record-train-run", cache_policy=NO_CACHE)

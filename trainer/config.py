@@ -29,6 +29,20 @@ HELD_OUT_SAMPLING = SamplingSettings(temperature=1.0, top_p=0.95, max_new_tokens
 ROLLOUT_SAMPLING = SamplingSettings(temperature=0.8, top_p=1.0, max_new_tokens=512)
 
 
+#: the fixed pieces of a response, ``{"rationale":"...","action":{"type":"...", ...}}`` (PROTOCOL §2):
+#: as single tokens a tiny model cannot misspell them, and an action name cannot be stitched from the
+#: pieces of two others (a byte-level pre-tokenizer splits ``ipv_scroll_down`` at each underscore)
+RESPONSE_PIECES = (
+    '{"rationale":"',
+    '","action":{"type":"',
+    '","target":"',
+    '","target_item_id":"',
+    '","distance":',
+    '"}}',
+    "}}",
+)
+
+
 class TinyModelSettings(BaseModel):
     """The embedded default model, built when no ``--base`` is given."""
 
@@ -47,11 +61,18 @@ class TinyModelSettings(BaseModel):
     tokenizer_records: int = Field(
         4000, ge=1, description="training records (sampled by seed) the BPE tokenizer is trained on"
     )
+    whole_tokens: list[str] = Field(
+        list(RESPONSE_PIECES),
+        description="strings that are one token each: the response format's fixed pieces",
+    )
+    action_tokens: bool = Field(True, description="every action name of the records is one token too")
 
     def spec(self) -> TinyModelSpec:
         from trainer.models import TinyModelSpec  # torch is imported by a run, not by the settings
 
-        return TinyModelSpec(**self.model_dump(exclude={"tokenizer_records"}))
+        return TinyModelSpec(
+            **self.model_dump(exclude={"tokenizer_records", "whole_tokens", "action_tokens"})
+        )
 
 
 class TrainSettings(BaseSettings):

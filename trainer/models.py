@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,8 +59,11 @@ class TinyModelSpec:
     max_positions: int = 4096
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer over ``texts`` with bos/eos/pad and the ChatML template."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, whole_tokens: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer over ``texts`` with bos/eos/pad and the ChatML template; each of
+    ``whole_tokens`` is one token (matched before the BPE, longest first), beyond ``vocab_size``."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -75,6 +78,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
         tokenizer_object=backend, bos_token=BOS, eos_token=TURN_END, pad_token=PAD
     )
     tokenizer.chat_template = CHAT_TEMPLATE
+    if whole_tokens:
+        tokenizer.add_tokens(list(dict.fromkeys(whole_tokens)))
     return tokenizer
 
 

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
+from trainer.curves import write_training_curves
 from trainer.data import (
     Batch,
     EncodedState,
@@ -77,6 +78,7 @@ from trainer.models import (
 from trainer.optd import HiddenStates
 from trainer.prepared import PREPARED_FILE, load_prepared, save_prepared
 from trainer.sft import SFTObjective, held_out_loss, state_nll
+from trainer.tensorboard_log import tensorboard_mirrors
 
 if TYPE_CHECKING:
     from trainer.config import TrainSettings
@@ -165,7 +167,9 @@ def starting_model(
     order = torch.randperm(len(records), generator=generator)[: settings.tiny.tokenizer_records]
     sample = [records[i] for i in sorted(order.tolist())]
     texts = [text for r in sample for text in (r.system, r.prompt, r.response)]
-    tokenizer = train_tokenizer(texts, settings.tiny.vocab_size)
+    tiny = settings.tiny
+    whole = [*tiny.whole_tokens, *(sorted({r.action for r in records}) if tiny.action_tokens else [])]
+    tokenizer = train_tokenizer(texts, tiny.vocab_size, whole)
     return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
 
 
@@ -443,7 +447,9 @@ class TrainingRun:
         # one writer: the other ranks' updates are the same update, and their file would race rank 0's
         metrics = None
         if self.world.is_main:
-            metrics = MetricsLog(self.out / "metrics.jsonl", resume_from=start if resume_from else None)
+            resumed_at = start if resume_from else None
+            mirrors = tensorboard_mirrors(self.out, resumed_at)
+            metrics = MetricsLog(self.out / "metrics.jsonl", resume_from=resumed_at, mirrors=mirrors)
         if start == 0:
             first = self.evaluation_row(0, metrics)
             self.meta["held_out_start"] = strip_bookkeeping(first) if first else None
@@ -484,9 +490,11 @@ class TrainingRun:
             seconds={k: round(v, 3) for k, v in self.seconds.items()},
             stage_figures=self.stage_summary(rows),
         )
-        if self.world.is_main:
+        if metrics:
+            metrics.close()
             save_prepared(self.out / PREPARED_FILE, self.pool, self.tokenizer)
             (self.out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+            write_training_curves(self.out, self.stage)
         return summary
 
 
