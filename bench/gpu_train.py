@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
 
 from trainer.data import EncodedState, RecordText, collate  # noqa: E402
-from trainer.loop import PhaseTimer, Trainer, adam, autocast  # noqa: E402
+from trainer.loop import PhaseTimer, StepReport, Trainer, adam, autocast  # noqa: E402
 from trainer.objective import ObjectiveSettings  # noqa: E402
 from trainer.optd import HiddenStates, OPTDObjective, OPTDState, build_rollouts  # noqa: E402
 from trainer.sft import SFTObjective  # noqa: E402
@@ -239,7 +239,7 @@ def make_bench(student: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> B
     return Bench(body=body, trainer=trainer, size=size, gen=gen)
 
 
-def counts_of(report: Any) -> StepCounts:
+def counts_of(report: StepReport) -> StepCounts:
     return StepCounts(
         trained_tokens=report.tokens,
         skipped_steps=int(report.skipped),
