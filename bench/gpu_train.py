@@ -1,26 +1,33 @@
-"""SFT and OPTD training steps of a Qwen2.5-0.5B-shaped model on synthetic states, timed per phase.
+"""SFT and OPTD updates of a Qwen2.5-0.5B-shaped model on synthetic states, through the trainer's own code.
 
     python bench/gpu_train.py --steps 5            # on a GPU: results under $OUT (or --out)
     python bench/gpu_train.py --toy --out DIR      # the same code on CPU at a tiny size, in seconds
 
 The model is random-initialised (``Qwen2Config`` -> ``Qwen2ForCausalLM``: hidden 896, 24 layers,
 14 heads, 2 kv heads, intermediate 4864, vocabulary 151,936, tied embeddings), so no weights are
-needed. Each state is a random-id prompt of about 1.5k tokens, a privileged prompt (the same with
-about 100 intent tokens in front) and a gold response of 60-120 tokens, the length of the
-records' JSON answers.
+needed. Each state is an ``EncodedState`` with a random-id prompt of about 1.5k tokens and a gold
+response of 60-120 tokens (the length of the records' JSON answers; no eos: the model has none),
+wrapped in an ``OPTDState`` whose privileged prompt is the same prompt with about 100 intent tokens
+in front.
 
-- SFT step: student forward on prompt + gold, ``grounding_nll_from_hidden`` (chunked, response
-  positions only), backward, AdamW.
-- OPTD step: the student samples responses with HF ``generate`` (one batch; it runs until the
-  longest drawn length, then each response is cut to its own, as if it had ended there); the
-  frozen teacher scores them with the plain and with the privileged prompt under no_grad; the
-  student's forward on its sample and on the gold response (grounding); ``optd_loss_from_hidden``;
-  the two backwards; AdamW.
+The updates are the trainer's, called as its runs call them, so the figures measure what it runs:
 
-Scoring batches are right-padded and run without an attention mask: under causal attention no
-valid position sees the padding after it, and the fused SDPA kernels stay usable.
+- SFT (as ``TrainingRun.update``): the states ``collate``d into one micro-batch, then
+  ``Trainer.step`` with ``SFTObjective`` on ``HiddenStates(model)``: response-position logits,
+  per-state NLL means, backward, clipping, AdamW.
+- OPTD (as ``OPTDRun.update``): the student samples the responses, ``build_rollouts`` has the frozen
+  teacher score them after the plain and after the privileged prompt, then ``Trainer.step`` with
+  ``OPTDObjective`` (chunked OPTD loss from the hidden states, grounding on the gold responses).
+  Sampling is the bench's own (``sample_responses``), not the trainer's generator: a random-init
+  model never emits eos, so the bench fixes each response's length to control the workload.
 
-One untimed warm-up step per stage, then ``--steps`` timed ones. Written to ``gpu_train.json``:
+Phases are the trainer's timers: ``forward_backward`` and ``optimizer`` (``Trainer.step``),
+``teacher_plain`` and ``teacher_intent`` (``build_rollouts``), ``generate`` (the bench's sampling,
+where ``OPTDRun.update`` times its generator); inside ``forward_backward`` the OPTD objective's own
+timer splits out ``student_forward``, ``grounding_forward`` and ``loss`` (the rest is the backward
+through the decoder). The bench does not time drawing and collating its synthetic states.
+
+One untimed warm-up update per stage, then ``--steps`` timed ones. Written to ``gpu_train.json``:
 tokens/s, MFU, peak memory, per-phase time shares, HF generate tokens/s and vLLM's where it
 imports. Imports torch, transformers and the torch-only trainer modules, nothing else.
 """
@@ -37,8 +44,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -53,8 +60,11 @@ sys.path.insert(0, str(ROOT))
 
 from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
 
-from trainer.loop import PhaseTimer, adam, autocast, clip_gradients  # noqa: E402
-from trainer.objective import grounding_nll_from_hidden, optd_loss_from_hidden  # noqa: E402
+from trainer.data import EncodedState, RecordText, collate  # noqa: E402
+from trainer.loop import PhaseTimer, StepReport, Trainer, adam, autocast  # noqa: E402
+from trainer.objective import ObjectiveSettings  # noqa: E402
+from trainer.optd import HiddenStates, OPTDObjective, OPTDState, build_rollouts  # noqa: E402
+from trainer.sft import SFTObjective  # noqa: E402
 
 H200_BF16_DENSE_TFLOPS = 989.0
 MFU_FORMULA = (
@@ -79,8 +89,8 @@ class Size:
     prompt_tokens: int  # mean prompt length; each state draws within +-1/12 of it
     intent_tokens: int  # extra tokens of the privileged prompt
     response_tokens: tuple[int, int]  # gold and sampled response lengths, inclusive range
-    states: int
-    chunk: int
+    states: int  # per update, all in one micro-batch
+    chunk: int  # response positions per chunk of the OPTD loss (the SFT loss is not chunked)
 
 
 # Qwen2.5-0.5B's shape; its tokenizer has 151,665 ids in a 151,936-row embedding
@@ -117,103 +127,62 @@ def pad_id(size: Size) -> int:
     return size.tokenizer_vocab - 1  # reserved: prompts and responses draw ids below it
 
 
-@dataclass
-class State:
-    prompt: torch.Tensor  # [P] ids
-    privileged: torch.Tensor  # [I + P] ids: intent tokens, then the prompt
-    gold: torch.Tensor  # [G] ids of the gold response
-
-
-def draw_states(size: Size, gen: torch.Generator) -> list[State]:
+def draw_states(size: Size, gen: torch.Generator) -> list[OPTDState]:
+    """``size.states`` synthetic training states, each with its privileged prompt (intent ids in front)."""
     spread = size.prompt_tokens // 12
     low, high = size.response_tokens
 
-    def ids(n: int) -> torch.Tensor:
-        return torch.randint(0, pad_id(size), (n,), generator=gen)
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, pad_id(size), (n,), generator=gen).tolist()
 
     def length(lo: int, hi: int) -> int:
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
     states = []
-    for _ in range(size.states):
+    for index in range(size.states):
         prompt = ids(length(size.prompt_tokens - spread, size.prompt_tokens + spread))
-        states.append(State(prompt, torch.cat([ids(size.intent_tokens), prompt]), ids(length(low, high))))
+        privileged = ids(size.intent_tokens) + prompt
+        record = RecordText(
+            key=f"bench/{index}", system="", prompt="", response="", action="bench", intent="", split="train"
+        )
+        states.append(OPTDState(EncodedState(record, prompt, ids(length(low, high))), privileged))
     return states
 
 
-# ---------------------------------------------------------------------------------------------
-# batches and passes
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ScoringBatch:
-    """Contexts + responses right-padded, and where the positions predicting each response token are."""
-
-    input_ids: torch.Tensor  # [S, T], row s holds state s
-    positions: torch.Tensor  # [N]: position len(context) - 1 + j predicts response token j
-    labels: torch.Tensor  # [N] the response tokens
-    state_index: torch.Tensor  # [N]
-    tokens: int  # context + response tokens in the batch, padding excluded
-
-
-def scoring_batch(
-    contexts: Sequence[torch.Tensor], responses: Sequence[torch.Tensor], pad: int, device: torch.device
-) -> ScoringBatch:
-    """Each response is indexed from the end of its own context, so contexts of different lengths
-    (plain and privileged prompt) line up token by token on the same response ids."""
-    sequences = [torch.cat([c, r]) for c, r in zip(contexts, responses, strict=True)]
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        input_ids[row, : len(sequence)] = sequence
-    lengths = [len(r) for r in responses]
-    state_index = torch.repeat_interleave(torch.arange(len(responses)), torch.tensor(lengths))
-    positions = torch.cat(
-        [torch.arange(len(r)) + len(c) - 1 for c, r in zip(contexts, responses, strict=True)]
-    )
-    return ScoringBatch(
-        input_ids=input_ids.to(device),
-        positions=positions.to(device),
-        labels=torch.cat(list(responses)).to(device),
-        state_index=state_index.to(device),
-        tokens=sum(len(s) for s in sequences),
-    )
-
-
-def response_hidden(model: Qwen2ForCausalLM, batch: ScoringBatch) -> torch.Tensor:
-    """Final hidden states [N, H] predicting the response tokens: no logits for any prompt position."""
-    out = model.model(input_ids=batch.input_ids, use_cache=False)
-    return out.last_hidden_state[batch.state_index, batch.positions]
-
-
 def sample_responses(
-    model: Qwen2ForCausalLM, states: Sequence[State], size: Size, gen: torch.Generator
-) -> list[torch.Tensor]:
-    """On-policy responses: one left-padded ``generate`` batch, each cut to a drawn response length."""
-    device = model.device
-    width = max(len(s.prompt) for s in states)
-    input_ids = torch.full((len(states), width), pad_id(size), dtype=torch.long)
+    model: Qwen2ForCausalLM, states: Sequence[OPTDState], size: Size, gen: torch.Generator
+) -> list[list[int]]:
+    """On-policy responses: one left-padded ``generate`` batch, each cut to a drawn response length.
+
+    A random-init model has no eos, so ``generate`` runs the batch to its longest drawn length and
+    each response is cut to its own, as if it had ended there: the lengths, not the model, set the
+    workload."""
+    prompts = [s.state.prompt_ids for s in states]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id(size), dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
-    for row, state in enumerate(states):
-        input_ids[row, width - len(state.prompt) :] = state.prompt
-        attention_mask[row, width - len(state.prompt) :] = 1
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt) :] = 1
     low, high = size.response_tokens
-    lengths = torch.randint(low, high + 1, (len(states),), generator=gen).tolist()
+    lengths = torch.randint(low, high + 1, (len(prompts),), generator=gen).tolist()
     out = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
+        input_ids=input_ids.to(model.device),
+        attention_mask=attention_mask.to(model.device),
         do_sample=True,
         max_new_tokens=max(lengths),
         min_new_tokens=max(lengths),
         pad_token_id=pad_id(size),
     )
-    return [out[row, width : width + n].cpu() for row, n in enumerate(lengths)]
+    return [out[row, width : width + n].tolist() for row, n in enumerate(lengths)]
 
 
 # ---------------------------------------------------------------------------------------------
-# steps
+# updates: the trainer's
 # ---------------------------------------------------------------------------------------------
+
+# the optimiser of every update; a constant LR, since a schedule changes nothing a bench measures
+LR, BETAS, ADAM_EPS, CLIP = 1e-5, (0.9, 0.999), 1e-8, 1.0
 
 
 @dataclass
@@ -221,100 +190,101 @@ class StepCounts:
     trained_tokens: int = 0  # tokens of back-propagated forwards
     forward_only_tokens: int = 0  # teacher scoring, generation prefill + decode
     generated_tokens: int = 0
+    skipped_steps: int = 0  # updates the trainer skipped for a non-finite loss or gradient norm
     loss: float = 0.0  # of the last step: a finite value says the step computed something real
+    grad_norm: float = 0.0  # of the last step, before clipping
+    parts: dict[str, float] = field(default_factory=dict)  # the objective's parts, last step
+
+    def add(self, done: StepCounts) -> None:
+        self.trained_tokens += done.trained_tokens
+        self.forward_only_tokens += done.forward_only_tokens
+        self.generated_tokens += done.generated_tokens
+        self.skipped_steps += done.skipped_steps
+        self.loss, self.grad_norm, self.parts = done.loss, done.grad_norm, done.parts
+
+
+@dataclass
+class Timers:
+    phases: PhaseTimer  # the update's phases, one after another: they add up to its wall time
+    detail: PhaseTimer  # the OPTD objective's student-side phases, inside ``forward_backward``
 
 
 @dataclass
 class Bench:
-    student: Qwen2ForCausalLM
-    optimizer: torch.optim.Optimizer
+    """The student as the trainer holds it: its decoder body and a ``Trainer`` stepping its optimiser."""
+
+    body: HiddenStates
+    trainer: Trainer[Any]
     size: Size
-    cast: Callable[[], AbstractContextManager[Any]]
     gen: torch.Generator
 
     @property
+    def student(self) -> Qwen2ForCausalLM:
+        return self.body.lm
+
+    @property
     def device(self) -> torch.device:
-        return self.student.device
+        return self.trainer.device
 
-    def optimise(self, timer: PhaseTimer) -> None:
-        with timer.phase("optimizer"):
-            clip_gradients([p for p in self.student.parameters() if p.grad is not None], 1.0)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+    def cast(self) -> AbstractContextManager[Any]:
+        """The trainer's autocast: bf16 on CUDA, nothing on CPU."""
+        return autocast(self.device, self.trainer.bf16)
 
 
-def sft_step(bench: Bench, timer: PhaseTimer) -> StepCounts:
-    states = draw_states(bench.size, bench.gen)
-    batch = scoring_batch(
-        [s.prompt for s in states], [s.gold for s in states], pad_id(bench.size), bench.device
-    )
-    with timer.phase("student_forward"), bench.cast():
-        hidden = response_hidden(bench.student, batch)
-    with timer.phase("grounding_loss"):
-        leaf = hidden.detach().requires_grad_()
-        loss = grounding_nll_from_hidden(
-            leaf,
-            batch.labels,
-            batch.state_index,
-            bench.student.lm_head.weight,
-            vocab_size=bench.size.tokenizer_vocab,
-            chunk_size=bench.size.chunk,
-        )
-        loss.backward()  # the chunked loss computed its gradients in forward: this hands them over
-    with timer.phase("student_backward"):
-        hidden.backward(leaf.grad)
-    bench.optimise(timer)
-    return StepCounts(trained_tokens=batch.tokens, loss=float(loss.detach()))
+def make_bench(student: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> Bench:
+    body = HiddenStates(student)
+    optimizer = adam(student, lr=LR, betas=BETAS, eps=ADAM_EPS)
+    constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0)
+    trainer = Trainer(body, optimizer, constant, clip=CLIP, device=student.device, bf16=True)
+    return Bench(body=body, trainer=trainer, size=size, gen=gen)
 
 
-def optd_step(bench: Bench, teacher: Qwen2ForCausalLM, timer: PhaseTimer) -> StepCounts:
-    size, device, pad = bench.size, bench.device, pad_id(bench.size)
-    states = draw_states(size, bench.gen)
-    with timer.phase("generate"), torch.no_grad(), bench.cast():
-        bench.student.eval()
-        sampled = sample_responses(bench.student, states, size, bench.gen)
-        bench.student.train()
-    plain = scoring_batch([s.prompt for s in states], sampled, pad, device)
-    privileged = scoring_batch([s.privileged for s in states], sampled, pad, device)
-    gold = scoring_batch([s.prompt for s in states], [s.gold for s in states], pad, device)
-    with timer.phase("teacher_plain"), torch.no_grad():
-        base_hidden = response_hidden(teacher, plain)
-    with timer.phase("teacher_privileged"), torch.no_grad():
-        intent_hidden = response_hidden(teacher, privileged)
-    with timer.phase("student_forward"), bench.cast():
-        student_hidden = response_hidden(bench.student, plain)
-    with timer.phase("grounding_forward"), bench.cast():
-        grounding_hidden = response_hidden(bench.student, gold)
-    with timer.phase("optd_loss"):
-        student_leaf = student_hidden.detach().requires_grad_()
-        grounding_leaf = grounding_hidden.detach().requires_grad_()
-        loss = optd_loss_from_hidden(
-            student_leaf,
-            base_hidden,
-            intent_hidden,
-            plain.state_index,
-            grounding_leaf,
-            gold.labels,
-            gold.state_index,
-            bench.student.lm_head.weight,
-            teacher_head_weight=teacher.lm_head.weight,
-            vocab_size=size.tokenizer_vocab,
-            chunk_size=size.chunk,
-        )
-        loss.total.backward()
-    with timer.phase("student_backward"):
-        student_hidden.backward(student_leaf.grad)
-    with timer.phase("grounding_backward"):
-        grounding_hidden.backward(grounding_leaf.grad)
-    bench.optimise(timer)
-    generated = sum(len(r) for r in sampled)
-    prefill = sum(len(s.prompt) for s in states)
+def counts_of(report: StepReport) -> StepCounts:
     return StepCounts(
-        trained_tokens=plain.tokens + gold.tokens,
-        forward_only_tokens=plain.tokens + privileged.tokens + prefill + generated,
-        generated_tokens=generated,
-        loss=float(loss.total.detach()),
+        trained_tokens=report.tokens,
+        skipped_steps=int(report.skipped),
+        loss=report.loss,
+        grad_norm=report.grad_norm,
+        parts=dict(report.parts),
     )
+
+
+def sft_step(bench: Bench, timers: Timers) -> StepCounts:
+    """One SFT update as ``TrainingRun.update`` takes it: one micro-batch of all the states."""
+    states = [s.state for s in draw_states(bench.size, bench.gen)]
+    batches = [collate(states, pad_id(bench.size)).to(bench.device)]
+    objective = SFTObjective(bench.body.head, bench.size.tokenizer_vocab, last=batches[-1])
+    return counts_of(bench.trainer.step(batches, objective, len(states), timer=timers.phases))
+
+
+def optd_objective(bench: Bench, teacher: HiddenStates) -> OPTDObjective:
+    """The objective as ``OPTDRun`` builds it: the student's head, the teacher's detached, the paper's
+    hyper-parameters, the bench's chunk of positions."""
+    teacher_head = tuple(t.detach() if t is not None else None for t in teacher.head())
+    return OPTDObjective(
+        bench.body.head, teacher_head, bench.size.tokenizer_vocab, ObjectiveSettings(), bench.size.chunk
+    )
+
+
+def optd_step(bench: Bench, teacher: HiddenStates, objective: OPTDObjective, timers: Timers) -> StepCounts:
+    """One OPTD update as ``OPTDRun.update`` takes it: sample, ``build_rollouts``, ``Trainer.step``."""
+    size = bench.size
+    states = draw_states(size, bench.gen)
+    with timers.phases.phase("generate"), torch.no_grad(), bench.cast():
+        bench.student.eval()
+        responses = sample_responses(bench.student, states, size, bench.gen)
+    rollouts = build_rollouts(
+        states, responses, teacher, pad_id(size), len(states), bench.device, timers.phases, bench.cast
+    )
+    objective.timer = timers.detail
+    report = bench.trainer.step(rollouts, objective, len(states), timer=timers.phases)
+    generated = sum(len(r) for r in responses)
+    prefill = sum(len(s.state.prompt_ids) for s in states)
+    teacher_tokens = sum(r.sampled.n_tokens + r.privileged.n_tokens for r in rollouts)
+    counts = counts_of(report)
+    counts.forward_only_tokens = teacher_tokens + prefill + generated
+    counts.generated_tokens = generated
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,18 +308,15 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
 
 
 def run_stage(
-    step: Callable[[PhaseTimer], StepCounts], steps: int, device: torch.device, n_params: int
+    step: Callable[[Timers], StepCounts], steps: int, device: torch.device, n_params: int
 ) -> dict[str, Any]:
     """One warm-up step, then ``steps`` timed ones; throughput, MFU and phase shares of the timed ones."""
-    step(PhaseTimer(device))
-    timer, counts = PhaseTimer(device), StepCounts()
+    step(Timers(PhaseTimer(device), PhaseTimer(device)))
+    timers, counts = Timers(PhaseTimer(device), PhaseTimer(device)), StepCounts()
     for _ in range(steps):
-        done = step(timer)
-        counts.trained_tokens += done.trained_tokens
-        counts.forward_only_tokens += done.forward_only_tokens
-        counts.generated_tokens += done.generated_tokens
-        counts.loss = done.loss
-    wall = sum(timer.seconds.values())
+        counts.add(step(timers))
+    seconds = timers.phases.seconds
+    wall = sum(seconds.values())
     peak = H200_BF16_DENSE_TFLOPS * 1e12
     trained_per_s = counts.trained_tokens / wall
     report = {
@@ -357,16 +324,18 @@ def run_stage(
         "step_seconds": wall / steps,
         "tokens_per_s": trained_per_s,
         "mfu": 6 * n_params * trained_per_s / peak,
-        "phase_seconds": dict(timer.seconds),
-        "phase_shares": {name: seconds / wall for name, seconds in timer.seconds.items()},
+        "phase_seconds": dict(seconds),
+        "phase_shares": {name: s / wall for name, s in seconds.items()},
         **asdict(counts),
         **peak_memory(device),
     }
+    if timers.detail.seconds:
+        report["forward_backward_detail_seconds"] = dict(timers.detail.seconds)
     if counts.forward_only_tokens:
         flops = 6 * n_params * counts.trained_tokens + 2 * n_params * counts.forward_only_tokens
         report["mfu_all_passes"] = flops / wall / peak
     if counts.generated_tokens:
-        report["hf_generate_tokens_per_s"] = counts.generated_tokens / timer.seconds["generate"]
+        report["hf_generate_tokens_per_s"] = counts.generated_tokens / seconds["generate"]
     return report
 
 
@@ -387,7 +356,7 @@ def vllm_generate(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) -> 
     # one length per request, as in the HF batch: vLLM retires a request at its own end
     lengths = torch.randint(low, high + 1, (len(states),), generator=gen).tolist()
     params = [SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False) for n in lengths]
-    prompts = [{"prompt_token_ids": s.prompt.tolist()} for s in states]
+    prompts = [{"prompt_token_ids": s.state.prompt_ids} for s in states]
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder)
         engine = LLM(model=folder, skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=0.3)
@@ -408,12 +377,13 @@ def vllm_measurement(model: Qwen2ForCausalLM, size: Size, gen: torch.Generator) 
 
 def optd_stage(bench: Bench, steps: int, n_params: int) -> dict[str, Any]:
     """OPTD steps against a frozen bf16 copy of the student (the SFT checkpoint), freed on return."""
-    teacher = copy.deepcopy(bench.student).to(
+    teacher_lm = copy.deepcopy(bench.student).to(
         torch.bfloat16 if bench.device.type == "cuda" else torch.float32
     )
-    teacher.eval().requires_grad_(False)
+    teacher = HiddenStates(teacher_lm).eval().requires_grad_(False)
     reset_peak_memory(bench.device)
-    return run_stage(partial(optd_step, bench, teacher), steps, bench.device, n_params)
+    step = partial(optd_step, bench, teacher, optd_objective(bench, teacher))
+    return run_stage(step, steps, bench.device, n_params)
 
 
 def settings_of(args: argparse.Namespace) -> tuple[Size, torch.device, torch.dtype]:
@@ -431,15 +401,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     student = build_model(size, device, dtype)
     n_params = sum(p.numel() for p in student.parameters())  # parameters() yields a tied weight once
-    use_autocast = device.type == "cuda" and args.weights == "fp32"
-    bench = Bench(
-        student=student,
-        optimizer=adam(student, lr=1e-5, betas=(0.9, 0.999), eps=1e-8),
-        size=size,
-        cast=(lambda: autocast(device, True)) if use_autocast else nullcontext,
-        gen=gen,
-    )
-    student.train()
+    bench = make_bench(student, size, gen)
     reset_peak_memory(device)
     sft = run_stage(partial(sft_step, bench), args.steps, device, n_params)
     optd = optd_stage(bench, args.steps, n_params)
@@ -456,7 +418,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             **asdict(size),
             "n_params": n_params,
             "weights": str(dtype).removeprefix("torch."),
-            "autocast_bf16": use_autocast,
+            "autocast_bf16": device.type == "cuda",  # the trainer's autocast, on under either weights
         },
         "mfu_formula": MFU_FORMULA,
         "sft": sft,
@@ -478,6 +440,12 @@ def summary(result: dict[str, Any]) -> str:
             f"{stage}: {report['tokens_per_s']:,.0f} tokens/s, MFU {report['mfu']:.1%}, "
             f"peak {report['peak_memory_gib']:.2f} GiB, {report['step_seconds']:.2f} s/step ({shares})"
         )
+        detail = report.get("forward_backward_detail_seconds")
+        if detail:
+            total = report["phase_seconds"]["forward_backward"]
+            inside = ", ".join(f"{name} {s / total:.0%}" for name, s in detail.items())
+            rest = 1 - sum(detail.values()) / total
+            lines.append(f"  inside forward_backward: {inside}, the rest (the backward) {rest:.0%}")
     vllm = result["generation"]["vllm"]
     lines.append(
         f"generate: HF {result['generation']['hf_generate_tokens_per_s']:,.0f} tokens/s; "
@@ -495,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--weights",
         choices=("bf16", "fp32"),
         default="bf16",
-        help="student weights on GPU: bf16, or float32 master weights under bf16 autocast",
+        help="student weights on GPU: bf16, or float32 master weights; the trainer's bf16 autocast on both",
     )
     parser.add_argument("--device", default=None, help="default: cuda where available (cpu for --toy)")
     parser.add_argument("--seed", type=int, default=0)
