@@ -14,7 +14,7 @@ keeping each user's real and simulated counts together.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -37,6 +37,8 @@ class EffectFidelity:
     users: dict[str, int]  # per arm
     resamples: int
     seed: int
+    counts: pl.DataFrame | None = field(default=None, repr=False, compare=False)  # COUNTS_SCHEMA rows
+    error_ci: tuple[float, float] | None = None  # percentile interval of |1 - ratio| over the resamples
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -117,16 +119,66 @@ def effect_fidelity(
     with np.errstate(divide="ignore", invalid="ignore"):  # an empty resampled arm gives nan, dropped
         ratios = sim_b / real_b
     ratios = ratios[np.isfinite(ratios)]
-    tail = (1 - level) / 2
-    low, high = np.quantile(ratios, [tail, 1 - tail])
     ratio = sim / real
     return EffectFidelity(
         ratio=ratio,
         error=abs(1 - ratio),
-        ci=(float(low), float(high)),
+        ci=_interval(ratios, level),
         real_delta=real,
         sim_delta=sim,
         users={ARM_A: len(a), ARM_B: len(b)},
         resamples=resamples,
         seed=seed,
+        counts=counts,
+        error_ci=_interval(np.abs(1 - ratios), level),
+    )
+
+
+def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1 - level) / 2
+    low, high = np.quantile(values, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def pooled_effect_fidelity(
+    runs: list[pl.DataFrame], resamples: int = 2_000, seed: int = 0, level: float = 0.95
+) -> EffectFidelity:
+    """The effect fidelity of several simulated runs on the same users (e.g. a model trained from
+    several seeds): the simulated Δ is the mean of the runs' Δ, the real Δ is the users' own, and each
+    resample draws the users once for every run, so the interval covers the users' sampling and the
+    runs' spread together."""
+    if not runs:
+        raise ValueError("no runs to pool")
+    ordered = [run.sort("arm", "user_id") for run in runs]
+    keys = [run.select("arm", "user_id") for run in ordered]
+    if any(not k.equals(keys[0]) for k in keys[1:]):
+        raise ValueError("the runs must count the same users in the same arms")
+    arms = [(_arm_matrix(run, ARM_A), _arm_matrix(run, ARM_B)) for run in ordered]
+    a0, b0 = arms[0]
+    real = float(pv_ctr_delta(a0.sum(axis=0), b0.sum(axis=0))[0])
+    if real == 0:
+        raise ValueError("the real effect is zero: an effect ratio is undefined")
+    sim = float(np.mean([pv_ctr_delta(a.sum(axis=0), b.sum(axis=0))[1] for a, b in arms]))
+    rng = np.random.default_rng(seed)
+    draws_a = rng.integers(0, len(a0), (resamples, len(a0)))
+    draws_b = rng.integers(0, len(b0), (resamples, len(b0)))
+    real_b = pv_ctr_delta(_resampled_totals(a0, draws_a), _resampled_totals(b0, draws_b))[0]
+    sim_b = np.mean(
+        [pv_ctr_delta(_resampled_totals(a, draws_a), _resampled_totals(b, draws_b))[1] for a, b in arms],
+        axis=0,
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = sim_b / real_b
+    ratios = ratios[np.isfinite(ratios)]
+    ratio = sim / real
+    return EffectFidelity(
+        ratio=ratio,
+        error=abs(1 - ratio),
+        ci=_interval(ratios, level),
+        real_delta=real,
+        sim_delta=sim,
+        users={ARM_A: len(a0), ARM_B: len(b0)},
+        resamples=resamples,
+        seed=seed,
+        error_ci=_interval(np.abs(1 - ratios), level),
     )

@@ -22,9 +22,11 @@ from evaluation.traces import TraceFrames
 HEADLINE_KEYS: tuple[str, ...] = ("RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD")
 
 
-def score(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = None) -> dict[str, object]:
-    """The headline figures (HEADLINE_KEYS; the replay ones are None without a replay trace) and the
-    supplementary ones, unrounded."""
+def score(
+    real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = None, supplementary: bool = True
+) -> dict[str, object]:
+    """The headline figures (HEADLINE_KEYS; the replay ones are None without a replay trace) and, with
+    ``supplementary``, the supplementary ones, unrounded."""
     real_side, sim_side = Side.of(real), Side.of(sim)
     scored = replay.filter(pl.col("unscored_reason").is_null()) if replay is not None else None
     real_rates, sim_rates = outcome_rates(real_side.steps), outcome_rates(sim_side.steps)
@@ -41,7 +43,8 @@ def score(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None = Non
         "dACR": abs(sim_rates["ACR"] - real_rates["ACR"]),
         "T-JSD": terminal_jsd(real_side.sessions, sim_side.sessions),
     }
-    figures.update(supplementary_figures(real_side, sim_side))
+    if supplementary:
+        figures.update(supplementary_figures(real_side, sim_side))
     figures["cohorts"] = fidelity["schemes"]
     figures["replay_unscored"] = unscored_counts(replay) if replay is not None else {}
     figures["counts"] = {

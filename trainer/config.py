@@ -66,12 +66,15 @@ class TinyModelSettings(BaseModel):
         description="strings that are one token each: the response format's fixed pieces",
     )
     action_tokens: bool = Field(True, description="every action name of the records is one token too")
+    split_digits: bool = Field(
+        True, description="every digit its own token: a distance or an id is copied digit by digit"
+    )
 
     def spec(self) -> TinyModelSpec:
         from trainer.models import TinyModelSpec  # torch is imported by a run, not by the settings
 
         return TinyModelSpec(
-            **self.model_dump(exclude={"tokenizer_records", "whole_tokens", "action_tokens"})
+            **self.model_dump(exclude={"tokenizer_records", "whole_tokens", "action_tokens", "split_digits"})
         )
 
 

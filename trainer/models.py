@@ -60,12 +60,16 @@ class TinyModelSpec:
 
 
 def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, whole_tokens: Sequence[str] = ()
+    texts: Iterable[str], vocab_size: int, whole_tokens: Sequence[str] = (), split_digits: bool = False
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer over ``texts`` with bos/eos/pad and the ChatML template; each of
-    ``whole_tokens`` is one token (matched before the BPE, longest first), beyond ``vocab_size``."""
+    ``whole_tokens`` is one token (matched before the BPE, longest first), beyond ``vocab_size``;
+    ``split_digits``: each digit is a token of its own, so numbers share ten tokens instead of a
+    merge per frequent digit string."""
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    backend.pre_tokenizer = pre_tokenizers.Sequence([*digits, byte_level]) if digits else byte_level
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

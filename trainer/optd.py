@@ -72,7 +72,9 @@ class HiddenStates(nn.Module):
         self.lm = lm
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # no KV cache: a training or scoring pass never decodes on from it
+        out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return out.last_hidden_state
 
     def head(self) -> tuple[Tensor, Tensor | None]:
         """The LM head's weight and bias, whole (gathered when sharded)."""

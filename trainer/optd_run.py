@@ -268,19 +268,24 @@ def run_optd(
     progress: bool = True,
     judge: ResponseJudge | None = None,
     on_evaluation: EvaluationHook | None = None,
+    student: str | Path | None = None,
 ) -> TrainSummary:
     """``settings.steps`` OPTD updates from the SFT checkpoint ``base`` (teacher and student start).
 
-    ``base`` may be the SFT run folder (its newest checkpoint). ``resume`` continues from the newest
-    checkpoint in ``out`` exactly (same settings, data, teacher and intents); ``stop_after`` ends this
-    call after that update, with a checkpoint.
+    ``base`` may be the SFT run folder (its newest checkpoint). ``student``: another checkpoint for
+    the student to start from (with the teacher's tokenizer), e.g. the plain SFT model distilled from
+    a teacher that learnt to read intents. ``resume`` continues from the newest checkpoint in ``out``
+    exactly (same settings, data, teacher and intents); ``stop_after`` ends this call after that
+    update, with a checkpoint.
     """
     from trainer.checkpoint import latest
 
     out = Path(out)
     teacher = resolve_checkpoint(base)
+    start = resolve_checkpoint(student, "--student") if student is not None else teacher
     resume_from = latest(out) if resume else None
     if resume and resume_from is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    run = OPTDRun(settings, lake, out, teacher, resume_from or teacher, judge, on_evaluation)
+    run = OPTDRun(settings, lake, out, teacher, resume_from or start, judge, on_evaluation)
+    run.meta["student_start"] = str(start)
     return run.fit(resume_from, stop_after, progress)

@@ -169,7 +169,7 @@ def starting_model(
     texts = [text for r in sample for text in (r.system, r.prompt, r.response)]
     tiny = settings.tiny
     whole = [*tiny.whole_tokens, *(sorted({r.action for r in records}) if tiny.action_tokens else [])]
-    tokenizer = train_tokenizer(texts, tiny.vocab_size, whole)
+    tokenizer = train_tokenizer(texts, tiny.vocab_size, whole, split_digits=tiny.split_digits)
     return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
 
 

@@ -85,3 +85,28 @@ def test_arm_counts_pairs_each_user_and_counts_missing_rollouts_as_none():
     sim = pl.DataFrame({"user_id": ["u1"], "clicks": [4], "views": [2]})
     rows = arm_counts("A", real, sim).sort("user_id").rows()
     assert rows == [("u1", "A", 3, 2, 4, 2), ("u2", "A", 0, 1, 0, 0)]
+
+
+def test_pooled_runs_average_their_simulated_deltas_over_the_same_users():
+    from evaluation.effect import pooled_effect_fidelity
+
+    # a second run of the same users: sim A (1+1)/4 = 0.5, B (4+4)/4 = 2.0 -> delta 1.5
+    other = [
+        ("a1", "A", 3, 2, 1, 2),
+        ("a2", "A", 1, 2, 1, 2),
+        ("b1", "B", 4, 2, 4, 2),
+        ("b2", "B", 2, 2, 4, 2),
+    ]
+    pooled = pooled_effect_fidelity([counts(), counts(other)], resamples=200, seed=3)
+    # real delta 0.5 (as above); simulated (1.0 + 1.5) / 2 = 1.25 -> ratio 2.5, error 1.5
+    assert (pooled.real_delta, pooled.sim_delta) == (0.5, 1.25)
+    assert pooled.ratio == pytest.approx(2.5) and pooled.error == pytest.approx(1.5)
+    # one run pooled alone is that run: the same draws (arm A's users, then B's), the same interval
+    alone, single = (
+        pooled_effect_fidelity([counts()], resamples=200, seed=3),
+        effect_fidelity(counts(), 200, 3),
+    )
+    assert (alone.ratio, alone.ci, alone.error_ci) == (single.ratio, single.ci, single.error_ci)
+    assert 0.0 <= single.error_ci[0] <= single.error_ci[1]
+    with pytest.raises(ValueError, match="the same users in the same arms"):
+        pooled_effect_fidelity([counts(), counts([*ROWS[:3], ("b3", "B", 2, 2, 3, 2)])])

@@ -1,0 +1,95 @@
+"""bench/fidelity.py at its quick size: every arm trained and evaluated, the JSON in the promised shape,
+the figures' intervals and the goals consistent with the figures, the HTML with its plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+ARMS = {"sft", "optd", "optd_no_trust_region", "optd_no_grounding", "optd_plain_teacher",
+        "optd_intent_teacher", "markov", "random", "world"}  # fmt: skip
+METRICS = {"F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD", "effect_ratio", "effect_error"}
+HIGHER = {"F1", "Acc", "PF"}  # PROTOCOL §4: the others are distances, lower is better
+
+
+@pytest.fixture(scope="module")
+def study(prefect_harness, tmp_path_factory):
+    from fidelity import QUICK, run_study
+
+    out = tmp_path_factory.mktemp("fidelity")
+    result = run_study(QUICK, out / "work", out, log=lambda _line: None)
+    return result, out
+
+
+@pytest.mark.slow
+def test_the_quick_study_writes_every_arm_with_intervals(study):
+    _result, out = study
+    saved = json.loads((out / "fidelity.json").read_text())
+    assert saved["users"] == 40 and saved["seeds"] == [0, 1] and saved["sessions"] == 6
+    assert set(saved["simulators"]) == ARMS and set(saved["diagnostics"]) == ARMS - {
+        "markov",
+        "random",
+        "world",
+    }
+    for arm, figures in saved["simulators"].items():
+        assert figures.keys() >= METRICS, arm
+        for metric, value in figures.items():
+            assert value.keys() == {"mean", "lo", "hi"}, (arm, metric)
+            if value["lo"] is not None:
+                assert value["lo"] <= value["hi"], (arm, metric)
+    # the world's shoppers never give an invalid answer, and random picks an executable action each time
+    assert saved["simulators"]["world"]["OVA"]["mean"] == 1.0
+    assert (
+        saved["simulators"]["random"]["RVA"]["mean"] == 1.0
+        and saved["simulators"]["world"]["RVA"]["mean"] is None
+    )
+    for arm in ("optd", "optd_intent_teacher"):
+        diagnostics = saved["diagnostics"][arm]
+        assert diagnostics.keys() == {"intent_gain_nats", "mean_lambda", "binding_share", "guidance_kl"}
+        assert 0.0 <= diagnostics["mean_lambda"] <= 1.0 and diagnostics["guidance_kl"] <= 0.02 + 1e-6
+    # without a trust region every token takes lambda = 1; a teacher without the intent adds no guidance
+    assert saved["diagnostics"]["optd_no_trust_region"]["mean_lambda"] == 1.0
+    assert saved["diagnostics"]["optd_plain_teacher"]["guidance_kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_the_goals_follow_from_the_figures(study):
+    result, _ = study
+    means = {arm: {m: v["mean"] for m, v in f.items()} for arm, f in result["simulators"].items()}
+
+    def strictly_better(a: dict, b: dict, metric: str) -> bool:
+        if a[metric] is None or b[metric] is None:
+            return False
+        return a[metric] > b[metric] if metric in HIGHER else a[metric] < b[metric]
+
+    paper = ("F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD")
+    markov = sum(strictly_better(means["markov"], means["random"], m) for m in paper)
+    optd = sum(
+        not strictly_better(means["sft"], means["optd"], m) and means["optd"][m] is not None for m in paper
+    )
+    goals = result["goals"]
+    assert goals["markov_beats_random"]["count"] == markov
+    assert goals["optd_at_least_sft"]["count"] == optd
+    error = means["optd"]["effect_error"]
+    assert goals["optd_effect_error_below_paper"]["met"] == (error is not None and error < 0.287)
+
+
+@pytest.mark.slow
+def test_the_page_shows_the_bars_the_diagnostics_and_the_curves(study):
+    _, out = study
+    page = (out / "fidelity.html").read_text()
+    assert page.count("data:image/png;base64,") == 2  # the figures with intervals, the learning curves
+    for heading in (
+        "Goals",
+        "Figures (mean over seeds, 95 % interval)",
+        "The privileged signal",
+        "Learning curves",
+    ):
+        assert f"<h2>{heading}</h2>" in page
+    assert all(f"<th>{arm}</th>" in page for arm in ARMS)
