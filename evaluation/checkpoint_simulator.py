@@ -9,6 +9,7 @@ are imported only when a checkpoint is loaded.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ from typing import Any
 from pydantic import Field
 
 from evaluation.simulators import Messages, Sampling
+
+#: below this many shared leading tokens a batch is left-padded as usual: sharing would save nothing
+MIN_SHARED_TOKENS = 16
 
 
 class CheckpointSettings(Sampling):
@@ -35,6 +39,7 @@ class CheckpointSimulator:
 
     def __init__(self, settings: CheckpointSettings) -> None:
         import torch
+        import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         folder = Path(settings.path)
@@ -49,6 +54,9 @@ class CheckpointSimulator:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(self.device).eval()
+        self._prefix: tuple[tuple[int, ...], Any] | None = None  # the shared beginning and its KV cache
+        # transformers 5 names generate's starting cache ``cache``; 4.x ``past_key_values``
+        self.cache_argument = "past_key_values" if transformers.__version__.startswith("4.") else "cache"
         torch.manual_seed(settings.seed)
 
     @classmethod
@@ -68,28 +76,84 @@ class CheckpointSimulator:
             for text in self.generate(prompts[start : start + size])
         ]
 
-    def encode(self, prompts: Sequence[Messages]) -> Any:
-        """The prompts in the model's own chat template, as one left-padded batch of token ids on the
-        model's device. Chat templates write the special tokens a model expects (a begin-of-text token
-        among them), so the tokenizer adds none of its own, as ``apply_chat_template`` itself does."""
+    def rows(self, prompts: Sequence[Messages]) -> list[list[int]]:
+        """Each prompt's token ids in the model's own chat template (which writes the special tokens a
+        model expects, so the tokenizer adds none of its own, as ``apply_chat_template`` itself does)."""
         texts = [
             self.tokenizer.apply_chat_template(list(m), tokenize=False, add_generation_prompt=True)
             for m in prompts
         ]
-        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        return batch.to(self.device)
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def encode(self, prompts: Sequence[Messages]) -> dict[str, Any]:
+        """The prompts as one left-padded batch (``input_ids``, ``attention_mask``) on the model's device:
+        how a batch without a shared beginning is generated."""
+        ids, mask = self.left_padded(self.rows(prompts))
+        return {"input_ids": ids, "attention_mask": mask}
 
     def generate(self, prompts: Sequence[Messages]) -> list[str]:
-        """One answer per prompt, the batch generated together."""
-        batch = self.encode(prompts)
+        """One answer per prompt, the batch generated together.
+
+        The prompts of a batch begin alike (the system turn: a few hundred tokens of every prompt), so
+        that beginning is run through the model once and its KV cache shared by every row: the rows are
+        laid out as [shared tokens][padding][own tokens], the padding masked, each row's positions
+        counted over its unmasked tokens (what ``generate`` derives from the attention mask), so every
+        row is computed as it would be alone."""
+        rows = self.rows(prompts)
+        shared = min(shared_prefix_length(rows), min(len(r) for r in rows) - 1)
         sampled = self.settings.temperature > 0
-        sampling = {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
+        options = {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
+        options = options if sampled else {"do_sample": False}
         with self.torch.inference_mode():
+            if shared >= MIN_SHARED_TOKENS:
+                ids, mask, cache = self.with_shared_prefix(rows, shared)
+                options[self.cache_argument] = cache
+            else:
+                ids, mask = self.left_padded(rows)
             out = self.model.generate(
-                **batch,
+                input_ids=ids,
+                attention_mask=mask,
                 max_new_tokens=self.settings.max_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id,
-                **(sampling if sampled else {"do_sample": False}),
+                **options,
             )
-        answers = out[:, batch["input_ids"].shape[1] :]
+        answers = out[:, ids.shape[1] :]
         return self.tokenizer.batch_decode(answers, skip_special_tokens=True)
+
+    def left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
+        width, pad = max(map(len, rows)), self.tokenizer.pad_token_id
+        ids = [[pad] * (width - len(r)) + r for r in rows]
+        mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+        return self.tensor(ids), self.tensor(mask)
+
+    def with_shared_prefix(self, rows: list[list[int]], shared: int) -> tuple[Any, Any, Any]:
+        """The batch laid out around the shared beginning, and a copy of that beginning's cache for
+        every row (``generate`` appends to the cache it is given)."""
+        prefix = rows[0][:shared]
+        width, pad = max(len(r) - shared for r in rows), self.tokenizer.pad_token_id
+        ids = [prefix + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
+        mask = [[1] * shared + [0] * (width - len(r) + shared) + [1] * (len(r) - shared) for r in rows]
+        cache = copy.deepcopy(self.prefix_cache(tuple(prefix)))
+        cache.batch_repeat_interleave(len(rows))
+        return self.tensor(ids), self.tensor(mask), cache
+
+    def prefix_cache(self, prefix: tuple[int, ...]) -> Any:
+        """The KV cache of ``prefix``, computed once (a lake's prompts share one system turn)."""
+        if self._prefix is None or self._prefix[0] != prefix:
+            ids = self.tensor([list(prefix)])
+            with self.torch.no_grad():
+                out = self.model(input_ids=ids, attention_mask=self.torch.ones_like(ids), use_cache=True)
+            self._prefix = (prefix, out.past_key_values)
+        return self._prefix[1]
+
+    def tensor(self, rows: list[list[int]]) -> Any:
+        return self.torch.tensor(rows, dtype=self.torch.long, device=self.device)
+
+
+def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every row has in common."""
+    first = rows[0]
+    for index, token in enumerate(first):
+        if any(len(r) <= index or r[index] != token for r in rows[1:]):
+            return index
+    return len(first)

@@ -32,24 +32,26 @@ DEMO_RECORDS: dict[str, Any] = {"window_single": 3, "window_cross": 3, "recent_c
 #: states only (the evaluation's mode), a model and a number of updates that fit the main job's budget
 DEMO_TRAINING: dict[str, Any] = {
     "modes": ["single"],
-    "steps": 400,
+    "steps": 250,
     "states_per_update": 8,
     "micro_batch_states": 8,
-    "lr": 3e-3,
+    "lr": 4e-3,
     "warmup_steps": 10,
-    "eval_every": 100,
+    "eval_every": 125,
     "checkpoint_every": 0,
     "held_out_states": 64,
     "held_out_sampled": 32,
     "held_out_sampling": {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 96},
-}
+    "tiny": {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 512, "num_layers": 4,
+             "num_heads": 4, "num_kv_heads": 2},
+}  # fmt: skip
 #: OPTD on top of the demo's training: a few updates from the SFT teacher at a lower LR, no warm-up
 DEMO_OPTD: dict[str, Any] = {
-    "steps": 20,
+    "steps": 10,
     "warmup_steps": 0,
     "lr": 1e-3,
     "eval_every": 0,
-    "rollout_sampling": {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 96},
+    "rollout_sampling": {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 64},
 }
 
 

@@ -55,6 +55,33 @@ def test_a_batch_left_padded_answers_as_each_prompt_alone(checkpoint):
     assert sim.act(shown) == [sim.act([p])[0] for p in shown]
 
 
+def test_the_shared_system_turn_is_computed_once_and_changes_no_answer(checkpoint, monkeypatch):
+    import evaluation.checkpoint_simulator as module
+
+    sim = load(checkpoint, max_new_tokens=6, temperature=0.0)
+    shown = prompts()
+    rows = sim.rows(shown)
+    shared = module.shared_prefix_length(rows)
+    # the three prompts differ after their system turn: the shared part is the whole system turn
+    system_turn = sim.tokenizer.apply_chat_template([shown[0][0]], tokenize=False)
+    assert sim.tokenizer.decode(rows[0][:shared]).startswith(system_turn.rstrip())
+    ids, mask, cache = sim.with_shared_prefix(rows, shared)
+    for row, laid_out, kept in zip(rows, ids.tolist(), mask.tolist(), strict=True):
+        assert [t for t, m in zip(laid_out, kept, strict=True) if m] == row  # every token, in order
+        assert laid_out[:shared] == row[:shared] and all(kept[:shared])
+    assert cache.get_seq_length() == shared and len(sim._prefix[0]) == shared
+    shared_answers = sim.act(shown)
+    monkeypatch.setattr(module, "MIN_SHARED_TOKENS", 10**9)  # every batch left-padded instead
+    assert sim.act(shown) == shared_answers == [sim.act([p])[0] for p in shown]
+    # the logits of the first answer token agree too, within float rounding
+    with torch.inference_mode():
+        alone = sim.model(input_ids=torch.tensor([rows[1]])).logits[0, -1]
+        ids, mask, cache = sim.with_shared_prefix(rows, shared)
+        tail = sim.model(input_ids=ids[:, shared:], attention_mask=mask, **{sim.cache_argument: cache},
+                         position_ids=(mask.cumsum(-1) - 1)[:, shared:]).logits[1, -1]  # fmt: skip
+    torch.testing.assert_close(tail, alone, atol=1e-5, rtol=1e-4)
+
+
 def test_sampling_is_reproducible_with_its_seed(checkpoint):
     first = load(checkpoint, max_new_tokens=6, seed=7).act(prompts())
     assert load(checkpoint, max_new_tokens=6, seed=7).act(prompts()) == first

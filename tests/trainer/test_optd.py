@@ -443,3 +443,22 @@ def test_cli_trains_optd_from_an_sft_checkpoint(prefect_harness, lake, sft_check
     assert (saved["lr"], saved["steps"]) == (0.001, 3)
     assert "sampled held-out responses: parse " in result.output
     assert "without a screen: no_recorded_steps 2" in result.output  # a records-only lake
+    # while it trained, the flow published its progress after each evaluation (start and end)
+    published = progress_artifacts("train-optd-progress")
+    assert len(published) >= 2 and "held-out" in published[-1].data
+    assert (out / "curves.png").is_file() and (out / "tensorboard").is_dir() == tensorboard_installed()
+
+
+def progress_artifacts(key: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return sorted(found, key=lambda a: a.created)
+
+
+def tensorboard_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
