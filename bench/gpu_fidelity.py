@@ -1,6 +1,6 @@
 """The fidelity study on a GPU: bench/fidelity.py's arms trained and evaluated on one H200, in three phases.
 
-    python bench/gpu_fidelity.py prepare               # CPU, here: lake, sessions, screens, wheels (~9 MiB)
+    python bench/gpu_fidelity.py prepare               # CPU, here: lake, sessions, screens, wheels
     HF_HUB_OFFLINE=1 python bench/gpu_fidelity.py run --prepared bench/.gpu-fidelity --out $OUT   # GPU
     python bench/gpu_fidelity.py score --traces DIR    # CPU: + markov, random, world -> bench/results/
 
@@ -13,6 +13,8 @@ sessions rolled out and replayed, and the A/B arms' sessions made by ``flows.wor
 for the trainer's response judge (``evaluation.executable.record_screens``), SmolLM2-135M-Instruct's
 config, tokenizer and chat template, the pydantic wheels for CPython 3.12, and a manifest holding the
 study's size and every arm's settings (``fidelity.sft_values``, ``VARIANTS``, the main job's OPTD).
+At 400 users it is 8.5 MiB: records 1.8 MB (19,519 rows), sessions 0.6 MB (96 test, 119 A/B; xz),
+screens 18 kB, SmolLM2's tokenizer and config 3.5 MB, wheels 2.9 MB; with the repository ~11 MiB a call.
 
 **run** (the one GPU command) installs the carried wheels into a temporary folder when pydantic is
 missing, resolves the base, then runs every piece of work as its own process, at most ``--parallel`` at a
@@ -49,7 +51,7 @@ updates, the intent teacher 3e-4, OPTD 1e-4) are chosen for a 135M model rather 
 
 Time on an H200 (an estimate, not a measurement; ``run`` prints and records the real seconds). Sizes:
 prompts ~1,020 tokens with SmolLM2's tokenizer, gold responses ~42 (measured on a 400-user lake);
-96 test sessions (~870 replayed steps), 24 A/B users (~130 sessions in both arms), 1 seed.
+96 test sessions (846 replayed steps), 24 A/B users (119 sessions in both arms), 1 seed.
 
 - SFT, 400 updates of 8 states: 3.4M tokens x 6 x 134.5M = 2.7 PFLOP, ~27 s at 100 TFLOP/s (a 135M model
   at 8 states an update does not fill an H200) + ~0.1 s of per-update overhead (40 s) + 5 held-out
@@ -58,13 +60,14 @@ prompts ~1,020 tokens with SmolLM2's tokenizer, gold responses ~42 (measured on 
   step (30 layers, launch-bound) ~2.4 s + the teacher's two passes and the student's ~0.3 s, ~55 s, + 2
   evaluations with the probe (~6 s each): ~70 s.
 - Evaluation of one checkpoint, batches of <= 128 prompts: a round is one prefill + <= 96 decode steps at
-  ~20 ms, ~2 s. Rollout: all 96 sessions live at once, <= 31 rounds (the budget), <= 62 s; replay: ~870
-  prompts in 7 calls, ~18 s; A/B: ~130 sessions, <= 31 rounds of 2 calls, <= 90 s. Rollout + replay and
-  A/B run as two processes: ~90 s.
-- Critical path: SFT 85 + intent teacher 35 + OPTD 70 + evaluation 90 = 280 s, + process starts (~8 s
-  each, 4 on the path) and the base (~15 s): ~330 s alone. GPU work: decode steps at batch ~100 with
-  ~1.1k-token contexts spend ~6-10 ms on the GPU (KV-cache copies), so the 12 evaluation processes hold
-  the GPU ~250 s in all and overlap the OPTD training; with that contention ~420-480 s, under the 560-s
+  ~20 ms, ~2 s. Rollout: all 96 sessions live at once, <= 31 rounds (the budget), <= 62 s; replay: 846
+  prompts in 7 calls, ~18 s; A/B: 119 sessions in one call a round, <= 31 rounds, <= 62 s. Rollout +
+  replay and A/B run as two processes: ~80 s.
+- Critical path: SFT 85 + intent teacher 35 + OPTD 70 + evaluation 80 = 270 s, + process starts (~8 s
+  each, 4 on the path) and the base (~15 s): ~320 s alone. GPU work: a decode step at batch ~100 with
+  ~1.1k-token contexts moves ~23 GB (the cache's copy per step, the kv heads repeated for the masked
+  attention) in ~7 ms, so the 12 evaluation processes hold the GPU ~230 s in all (~40 s a checkpoint)
+  while the OPTD arms train beside them; with that contention ~420-480 s, under the 560-s
   deadline by a margin about as wide as the estimate's own uncertainty. Three seeds would need ~3x the
   evaluation's GPU time: the GPU study is one seed. If it runs out of time, ``prepare --sessions 64
   --effect-users 16`` cuts the evaluation by about a third.
