@@ -65,9 +65,9 @@ prompts ~1,020 tokens with SmolLM2's tokenizer, gold responses ~42 (measured on 
   replay and A/B run as two processes: ~80 s.
 - Critical path: SFT 85 + intent teacher 35 + OPTD 70 + evaluation 80 = 270 s, + process starts (~8 s
   each, 4 on the path) and the base (~15 s): ~320 s alone. GPU work: a decode step at batch ~100 with
-  ~1.1k-token contexts moves ~23 GB (the cache's copy per step, the kv heads repeated for the masked
-  attention) in ~7 ms, so the 12 evaluation processes hold the GPU ~230 s in all (~40 s a checkpoint)
-  while the OPTD arms train beside them; with that contention ~420-480 s, under the 560-s
+  ~1.1k-token contexts copies and reads the KV cache (2.5 GB, ~2.5 ms) and runs ~900 small kernels
+  (~3 ms), so the 12 evaluation processes hold the GPU ~150-230 s in all (~25-40 s a checkpoint) while
+  the OPTD arms train beside them; with that contention ~420-480 s, under the 560-s
   deadline by a margin about as wide as the estimate's own uncertainty. Three seeds would need ~3x the
   evaluation's GPU time: the GPU study is one seed. If it runs out of time, ``prepare --sessions 64
   --effect-users 16`` cuts the evaluation by about a third.
@@ -93,7 +93,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the CPU phases' types; the GPU phase imports neither polars nor fidelity
+    import polars as pl
+    from fidelity import SeedRuns, SeedTraces, StudySize
+
+    from evaluation.environment import EnvironmentSettings
+    from evaluation.executable import RecordScreens
+    from evaluation.simulators import Simulator
+    from trainer.config import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 for _path in (str(ROOT), str(ROOT / "bench")):  # the repository, and bench/ (hostinfo, fidelity)
@@ -119,7 +128,7 @@ KEY_ORDER = [("mode", "ascending"), ("record_id", "ascending")]  # the records' 
 ARM_OF_TEACHER = {"optd_intent_teacher": "intent_teacher"}  # the rest distil from the SFT teacher
 
 
-def study_sizes() -> dict[str, Any]:
+def study_sizes() -> dict[str, StudySize]:
     """The GPU study's sizes (``fidelity.StudySize``): full, and the tests' toy on CPU."""
     from fidelity import QUICK, StudySize
 
@@ -140,7 +149,13 @@ def study_sizes() -> dict[str, Any]:
 
 
 def prepare(
-    size: Any, out: Path, work: Path, *, wheels: bool = True, smollm2: bool = True, log: Callable = print
+    size: StudySize,
+    out: Path,
+    work: Path,
+    *,
+    wheels: bool = True,
+    smollm2: bool = True,
+    log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Build the lake and write into ``out`` everything ``run`` needs (the module's docstring)."""
     from fidelity import VARIANTS, build_lake, merged, sft_values
@@ -151,6 +166,7 @@ def prepare(
     from flows.evaluate import evaluated_ids
     from flows.main_job import DEMO_OPTD
     from flows.world import held_out_users
+    from trainer.config import TrainSettings
     from transforms.records import recorded_prompt_settings
 
     started = time.perf_counter()
@@ -176,9 +192,8 @@ def prepare(
             "intent_teacher": merged(train, size.intent_teacher),
             "optd": {arm: merged(optd, variant) for arm, variant in VARIANTS.items()},
         }
-    first = training[str(size.seeds[0])]["sft"]
-    records = export_records(lake, out / RECORDS, [first.get("train_split", "train"),
-                             first.get("eval_split", "val")], first["modes"])  # fmt: skip
+    first = TrainSettings(**training[str(size.seeds[0])]["sft"])  # the splits and modes every arm reads
+    records = export_records(lake, out / RECORDS, [first.train_split, first.eval_split], first.modes)
     judged = held_out_record_ids(out, first)
     with lzma.open(out / SCREENS, "wb") as handle:
         pickle.dump(record_screens(lake, judged, lake_environment(lake)), handle)
@@ -206,7 +221,9 @@ def prepare(
     return manifest
 
 
-def ab_arms(lake: Path, users: list[str], environment: Any, seed: int = 0) -> dict[str, dict[str, Any]]:
+def ab_arms(
+    lake: Path, users: list[str], environment: EnvironmentSettings, seed: int = 0
+) -> dict[str, dict[str, Any]]:
     """The A/B test's two arms as ``flows.world.effect_for_lake`` builds them (the users in seeded
     halves, each half's sessions under its policy): sessions, users and the world's real counts."""
     from evaluation.effect import ARM_A, ARM_B
@@ -250,20 +267,18 @@ def records_digest(table: Any) -> str:
     return digest.hexdigest()
 
 
-def held_out_record_ids(prepared: Path, train: dict[str, Any]) -> list[str]:
+def held_out_record_ids(prepared: Path, settings: TrainSettings) -> list[str]:
     """Every record the trainer's held-out evaluation may sample, as ``TrainingRun`` chooses them: the
     first ``held_out_states`` by ``spread_over_sessions`` (it samples a prefix of those it encodes)."""
-    from trainer.config import TrainSettings
     from trainer.data import load_records, spread_over_sessions
 
-    settings = TrainSettings(**train)
     records, _ = load_records(prepared / "lake", [settings.eval_split], settings.modes)
     return [r.record_id for r in spread_over_sessions(records, settings.held_out_states)]
 
 
-def copy_smollm2_shape(out: Path) -> dict[str, Any] | None:
+def copy_smollm2_shape(out: Path) -> dict[str, Any]:
     """SmolLM2-135M-Instruct's config, tokenizer and chat template, and the sizes of its weights' forms;
-    None where the model is not on this machine (``trainer.pretrained``)."""
+    ``available: False`` and why where the model is not on this machine (``trainer.pretrained``)."""
     from trainer.pretrained import ModelUnavailable, convert_smollm2, gguf_path
 
     try:
@@ -346,9 +361,9 @@ def resolve_base(choice: str, prepared: Path, work: Path, seed: int) -> tuple[st
     if not (shape / "config.json").is_file():
         raise SystemExit(f"no base: SmolLM2 is not here ({why}) and {shape} was not prepared; give --base")
     folder = build_shaped_base(shape, work / "base", seed)
-    banner = (f"SmolLM2-135M-Instruct's weights are not on this machine ({why}); they do not fit the 64 MiB "
-              "a device call carries. Training a RANDOMLY INITIALISED model of its shape, with its tokenizer "
-              "and chat template.")  # fmt: skip
+    banner = (f"SmolLM2-135M-Instruct's weights are not on this machine ({why}; a device call carries "
+              "64 MiB, their smallest form is 98 MB). Training a RANDOMLY INITIALISED model of its shape, "
+              "with its tokenizer and chat template.")  # fmt: skip
     print(f"*** {banner}", flush=True)
     return str(folder), {"kind": "random_init", "shape": "SmolLM2-135M-Instruct", "why": why,
                          "note": banner, "path": str(folder)}  # fmt: skip
@@ -576,7 +591,7 @@ class PlacedJudge:
     """The trainer's response judge (``trainer.run.ResponseJudge``) on screens placed where the lake is:
     ``ScreenJudge``'s answer without reading a lake."""
 
-    screens: Any  # evaluation.executable.RecordScreens
+    screens: RecordScreens
 
     def __call__(self, record_ids: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
         from evaluation.executable import judge_responses
@@ -629,7 +644,7 @@ class Worker:
             summary = run_optd(settings, lake, run_dir, teacher, progress=False, judge=judge, student=student)
         return {"checkpoint": summary.checkpoint, "run_dir": str(run_dir), "summary": asdict(summary)}
 
-    def simulator(self, checkpoint: str) -> Any:
+    def simulator(self, checkpoint: str) -> Simulator:
         """The ``checkpoint:`` simulator with the study's sampling, larger batches and bf16 on a GPU."""
         from evaluation.checkpoint_simulator import CheckpointSimulator
         from evaluation.simulators import Sampling
@@ -697,12 +712,13 @@ def run_worker(args: argparse.Namespace) -> None:
 # --- score (CPU) ------------------------------------------------------------------------------------------
 
 
-def score(prepared: Path, traces: Path, out: Path, work: Path, log: Callable = print) -> dict[str, Any]:
+def score(
+    prepared: Path, traces: Path, out: Path, work: Path, log: Callable[[str], None] = print
+) -> dict[str, Any]:
     """The GPU run's traces beside ``markov``, ``random`` and ``world`` run here on the same sessions and
     users, as ``OUT/gpu_fidelity.json`` and ``.html`` (fidelity.json's shape)."""
     import fidelity
 
-    from evaluation.simulators import Sampling
     from flows.evaluate import real_traces
 
     manifest, run = read_manifest(prepared), json.loads((traces / RUN_FILE).read_text())
@@ -719,13 +735,12 @@ def score(prepared: Path, traces: Path, out: Path, work: Path, log: Callable = p
     check_same_lake(lake, manifest)
     sessions, users = manifest["sessions"], manifest["effect_users"]
     real = real_traces.fn(str(lake), str(work / "real"), "test", sessions)
-    sampling = Sampling(**manifest["sampling"])
     per_seed = {}
     for seed in size.seeds:
         empty = fidelity.SeedRuns({}, {}, {}, {})
         baselines = fidelity.evaluate_seed(lake, work, size, empty, seed, sessions, users)
         log(f"seed {seed}: baselines {', '.join(f'{k} {v:.0f}s' for k, v in baselines.seconds.items())}")
-        runs, traces_of = gpu_seed(unpacked, manifest, seed, sampling)
+        runs, traces_of = gpu_seed(unpacked, manifest, seed)
         merged = fidelity.SeedTraces(*(getattr(traces_of, f) | getattr(baselines, f)
                                        for f in ("rollouts", "replays", "effects", "seconds")))  # fmt: skip
         per_seed[seed] = (runs, merged)
@@ -760,7 +775,7 @@ def check_same_lake(lake: Path, manifest: dict[str, Any]) -> None:
         raise SystemExit(f"{lake} is not the lake the GPU run was prepared from (its records differ)")
 
 
-def gpu_seed(unpacked: Path, manifest: dict[str, Any], seed: int, sampling: Any) -> tuple[Any, Any]:
+def gpu_seed(unpacked: Path, manifest: dict[str, Any], seed: int) -> tuple[SeedRuns, SeedTraces]:
     """One seed's trained arms from the GPU run: their diagnostics and run folders (``SeedRuns``), their
     traces and A/B counts (``SeedTraces``)."""
     from fidelity import TRAINED, SeedRuns, SeedTraces, optd_diagnostics, sft_diagnostics
@@ -787,7 +802,7 @@ def gpu_seed(unpacked: Path, manifest: dict[str, Any], seed: int, sampling: Any)
     return runs, traces
 
 
-def effect_frame(manifest: dict[str, Any], simulated: dict[str, dict[str, int]]) -> Any:
+def effect_frame(manifest: dict[str, Any], simulated: dict[str, dict[str, int]]) -> pl.DataFrame:
     """The A/B counts (``evaluation.effect.COUNTS_SCHEMA``) of the prepared arms' real counts and the
     GPU's simulated ones, as ``effect_for_lake`` assembles them."""
     import polars as pl
