@@ -171,6 +171,17 @@ def diagnostics_of(summary: Any, teacher_gain: float | None) -> dict[str, float 
     }
 
 
+def sft_diagnostics(summary: Any) -> dict[str, float | None]:
+    """The SFT arm's figures: its own intent gain on the probe states, no OPTD updates to average."""
+    gain = (summary.held_out_end or {}).get("probe_intent_gain")
+    return {"intent_gain_nats": gain, "mean_lambda": None, "binding_share": None, "guidance_kl": None}
+
+
+def optd_diagnostics(summary: Any) -> dict[str, float | None]:
+    """An OPTD arm's figures: its teacher's intent gain, and the means over its updates."""
+    return diagnostics_of(summary, (summary.held_out_start or {}).get("teacher_probe_intent_gain"))
+
+
 def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
     from flows.main_job import DEMO_OPTD
     from trainer.config import TrainSettings, optd_settings
@@ -186,9 +197,7 @@ def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
                      progress=False, judge=judge)  # fmt: skip
     seconds["sft"] = time.perf_counter() - started
     checkpoints, run_dirs = {"sft": teacher.checkpoint}, {"sft": str(root / "sft")}
-    gain = (teacher.held_out_end or {}).get("probe_intent_gain")
-    diagnostics = {"sft": {"intent_gain_nats": gain, "mean_lambda": None, "binding_share": None,
-                           "guidance_kl": None}}  # fmt: skip
+    diagnostics = {"sft": sft_diagnostics(teacher)}
     optd = merged(DEMO_OPTD, size.optd)
     for arm, variant in VARIANTS.items():
         started = time.perf_counter()
@@ -196,9 +205,8 @@ def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
         settings = optd_settings(train, merged(optd, variant))
         summary = run_optd(settings, lake, root / arm, source, progress=False, judge=judge,
                            student=teacher.checkpoint)  # fmt: skip
-        start = summary.held_out_start or {}
         checkpoints[arm], run_dirs[arm] = summary.checkpoint, str(root / arm)
-        diagnostics[arm] = diagnostics_of(summary, start.get("teacher_probe_intent_gain"))
+        diagnostics[arm] = optd_diagnostics(summary)
         seconds[arm] = time.perf_counter() - started
     return SeedRuns(checkpoints, diagnostics, run_dirs, seconds)
 
@@ -378,6 +386,23 @@ def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None]
         traces = evaluate_seed(lake, work, size, runs, seed, sessions, users)
         log(f"seed {seed}: evaluated {', '.join(f'{k} {v:.0f}s' for k, v in traces.seconds.items())}")
         per_seed[seed] = (runs, traces)
+    result = study_result(size, sessions, users, real["path"], per_seed, started)
+    write_study(result, out)
+    return result
+
+
+def study_result(
+    size: StudySize,
+    sessions: list[str],
+    users: list[str],
+    real: str,
+    per_seed: dict[int, tuple[SeedRuns, SeedTraces]],
+    started: float,
+    machine_line: str | None = None,
+) -> dict[str, Any]:
+    """The study's figures from every seed's traces (``real``: the real traces' file): each arm's
+    figures with intervals, its A/B effect, the diagnostics and the goals; ``started`` is the study's
+    ``time.perf_counter()`` at its start, ``machine_line`` where it ran (default: this machine)."""
     arms = (*TRAINED, *BASELINES)
     frames = {
         arm: [(load_traces(t.rollouts[arm]), load_replay(t.replays[arm]) if t.replays[arm] else None)
@@ -385,7 +410,7 @@ def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None]
         for arm in arms
     }  # fmt: skip
     scoring = time.perf_counter()
-    simulators = with_intervals(load_traces(real["path"]), frames, size.resamples)
+    simulators = with_intervals(load_traces(real), frames, size.resamples)
     for arm in arms:
         simulators[arm] |= effect_intervals([t.effects[arm] for _, t in per_seed.values()], size.resamples)
     result = {
@@ -400,17 +425,21 @@ def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None]
         },
         "goals": None,
         "size": asdict(size),
-        "machine": machine(),
+        "machine": machine_line or machine(),
         "seconds": {"total": time.perf_counter() - started, "scoring": time.perf_counter() - scoring},
         "run_dirs": {str(s): r.run_dirs for s, (r, _) in per_seed.items()},
     }
     result["goals"] = goals(simulators)
+    return result
+
+
+def write_study(result: dict[str, Any], out: Path, name: str = "fidelity") -> tuple[Path, Path]:
+    """``OUT/NAME.json`` and the page ``OUT/NAME.html``."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "fidelity.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     from fidelity_report import write_html
 
-    write_html(result, out / "fidelity.html")
-    return result
+    return out / f"{name}.json", write_html(result, out / f"{name}.html")
 
 
 def mean_diagnostics(values: list[dict[str, float | None]]) -> dict[str, float | None]:

@@ -9,6 +9,9 @@ legality depends on the screen alone.
 
 A record whose screen cannot be placed is counted apart with its reason (``NO_SCREEN_REASONS``),
 never judged and never dropped from the count.
+
+Placing screens reads the lake (polars); judging on screens already placed does not, so a trainer on a
+machine without polars judges with screens placed elsewhere and carried to it.
 """
 
 from __future__ import annotations
@@ -19,14 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from evaluation.environment import EnvironmentSettings
-from evaluation.loader import load_sessions
 from evaluation.replay import SKIP_REASONS, ReplayCursor, ScoredStep
-from transforms.lake import scan_table, table_files
 from transforms.prompts import REJECT_REASONS, Accepted, Rejected, parse_response
-from transforms.records import recorded_prompt_settings
 
 NO_RECORDED_STEPS = "no_recorded_steps"  # the lake holds records but no steps or sessions to replay
 RECORD_NOT_IN_LAKE = "record_not_in_lake"
@@ -43,6 +41,8 @@ NO_SCREEN_REASONS: tuple[str, ...] = (
 
 def lake_environment(lake: str | Path) -> EnvironmentSettings:
     """The environment as the lake's records show it: their prompt settings, the ingest's geometry."""
+    from transforms.records import recorded_prompt_settings
+
     return EnvironmentSettings(prompt=recorded_prompt_settings(lake))
 
 
@@ -63,6 +63,10 @@ class RecordScreens:
 
 def record_sessions(lake: str | Path, record_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
     """record_id -> (session_id, step) for the ids the records table holds."""
+    import polars as pl
+
+    from transforms.lake import scan_table
+
     rows = (
         scan_table(lake, "records", ["record_id", "session_id", "step"])
         .filter(pl.col("record_id").is_in(list(record_ids)))
@@ -76,6 +80,9 @@ def record_screens(
     lake: str | Path, record_ids: Sequence[str], settings: EnvironmentSettings | None = None
 ) -> RecordScreens:
     """Each record's screen, placed by replaying its session up to its step (``settings``: the lake's)."""
+    from evaluation.loader import load_sessions
+    from transforms.lake import table_files
+
     if not (table_files(lake, "steps") and table_files(lake, "sessions")):
         return RecordScreens({}, dict.fromkeys(record_ids, NO_RECORDED_STEPS))
     settings = settings or lake_environment(lake)

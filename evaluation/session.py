@@ -9,12 +9,14 @@ moving state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from transforms.prompts import Card, Observation, Param, PastStep, State, past_step
 from transforms.prompts.render import Mode
+
+# frames come in from the loader; a session itself is plain data, and rolls out where polars is missing
+if TYPE_CHECKING:
+    import polars as pl
 
 DEFAULT_CARD_HEIGHT = 328.0  # px, the reference's height for a logged card box without one
 
@@ -179,6 +181,8 @@ def _feed_height(session: dict[str, Any], layout: pl.DataFrame) -> float | None:
 
 def card_boxes(layout: pl.DataFrame, default_height: float) -> tuple[CardBox, ...]:
     """Cards in reading order (``rank``, else y then x); a missing height takes the default."""
+    import polars as pl
+
     order = ["rank"] if "rank" in layout.columns else [c for c in ("y", "x") if c in layout.columns]
     rows = layout.sort(order).select(
         "item_id",

@@ -6,8 +6,12 @@ suites and docs are generated from them. Timestamps are UTC milliseconds.
 
 from __future__ import annotations
 
-import polars as pl
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import polars as pl
 
 # --- the behavioural vocabulary (PROTOCOL.md §1) ---------------------------
 
@@ -472,4 +476,6 @@ PARTITIONED: tuple[str, ...] = ("steps", "sessions", "feed_layouts", "records")
 
 def polars_schema(schema: pa.Schema) -> pl.Schema:
     """The Polars form of a declared Arrow schema (straight from the schema: no table, no pandas)."""
+    import polars as pl  # here, not at the top: the rollout path imports these names without polars
+
     return pl.Schema(schema)
