@@ -143,7 +143,9 @@ class CheckpointSimulator:
             ids = self.tensor([list(prefix)])
             with self.torch.no_grad():
                 out = self.model(input_ids=ids, attention_mask=self.torch.ones_like(ids), use_cache=True)
-            self._prefix = (prefix, out.past_key_values)
+            # transformers 5 returns the cache as ``cache``; 4.x as ``past_key_values``
+            cache = out.get("cache")
+            self._prefix = (prefix, out.past_key_values if cache is None else cache)
         return self._prefix[1]
 
     def tensor(self, rows: list[list[int]]) -> Any:

@@ -103,6 +103,16 @@ def _with_context(
     return out.join(prior, on="session_id", how="left")
 
 
+def with_rationales(lake: str | Path, steps: pl.DataFrame) -> pl.DataFrame:
+    """``steps`` with the lake's extracted rationale of each action (null where there is none): the
+    records show a past step's rationale in the history window, and so does replay."""
+    if not table_files(lake, "rationales"):
+        return steps.with_columns(pl.lit(None, dtype=pl.String).alias("rationale"))
+    rationales = scan_table(lake, "rationales", ["session_id", "step", "rationale"]).collect()
+    keyed = rationales.with_columns(pl.col("step").cast(steps.schema["step"])).unique(["session_id", "step"])
+    return steps.join(keyed, on=["session_id", "step"], how="left")
+
+
 def load_sessions(
     lake: str | Path,
     session_ids: Sequence[str] | None = None,
@@ -116,6 +126,7 @@ def load_sessions(
     ids = sessions.select("session_id").lazy()
     layout = scan_table(lake, "feed_layouts").join(ids, on="session_id", how="semi").collect()
     steps = scan_table(lake, "steps", list(STEP_COLUMNS)).join(ids, on="session_id", how="semi").collect()
+    steps = with_rationales(lake, steps)
     wanted = session_items(layout, steps)
     items = scan_table(lake, "items").join(wanted.lazy().select("item_id").unique(), on="item_id", how="semi")
     per_session_items = wanted.join(items.collect(), on="item_id")

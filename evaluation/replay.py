@@ -112,8 +112,9 @@ class ReplayCursor:
             if reason is None:
                 state = self.trajectory.state(self.session, observation)
                 self.steps.append(ScoredStep(recorded, state, gold, self.settings.prompt))
-            # an unscored step still enters the window, as far as the record shows it
-            self.trajectory.record(recorded.step, observation, gold.action_object())
+            # an unscored step still enters the window, as far as the record shows it, with the lake's
+            # rationale for it as the records' windows show one
+            self.trajectory.record(recorded.step, observation, gold.action_object(), recorded.rationale)
             # a click the record names by title only opens nothing: the next step seats its page
             opens_nothing = gold.type == "click" and gold.target_item_id is None
             if on_screen and env.screen == recorded.screen and not env.ended and not opens_nothing:

@@ -68,6 +68,7 @@ class RecordedStep:
     ipv_item_id: str | None = None
     ipv_scroll: float | None = None
     ui_state: str | None = None
+    rationale: str | None = None  # the lake's rationale for the action (extraction), shown in later windows
 
 
 @dataclass(frozen=True)

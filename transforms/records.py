@@ -643,7 +643,7 @@ def build_records(
     frame = frame.join(
         recent_blocks(frame, order, history, mode, s), on="session_id", how="left", maintain_order="left"
     )
-    system = system_prompt(mode, s.geometry)
+    system = system_prompt(mode, s.geometry, s.system)
     frame = frame.with_columns(
         pl.concat_str(pl.col("session_id"), pl.lit(":"), pl.col("step").cast(STR)).alias("record_id"),
         pl.col(trajectory).alias("trajectory_id"),

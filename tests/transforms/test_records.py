@@ -384,12 +384,13 @@ def observation(st: dict, sess: dict, items: dict, done: dict, settings: PromptS
     return Observation(screen="ipv", scroll_top=st["scroll_top"], max_scroll=max_scroll, page=page)
 
 
-@pytest.mark.parametrize("mode", ["single", "cross"])
-def test_vectorised_builder_matches_the_renderer(mode):
+@pytest.mark.parametrize(("mode", "system"), [("single", "full"), ("cross", "full"), ("single", "brief")])
+def test_vectorised_builder_matches_the_renderer(mode, system):
     world = random_world()
     settings = PromptSettings(
-        window_single=4, window_cross=6, recent_clicks=3, recent_buys=2, max_reviews=2, review_chars=30
-    )
+        window_single=4, window_cross=6, recent_clicks=3, recent_buys=2, max_reviews=2, review_chars=30,
+        system=system,
+    )  # fmt: skip
     # steps 0, 3, 6, ... have no rationale, odd steps of those are quarantined ones; every 4th
     # one of the rest is blank, which counts as none
     steps = world["steps"].select("session_id", "step")
@@ -424,8 +425,20 @@ def test_vectorised_builder_matches_the_renderer(mode):
             reason = "rationale_missing" if step % 4 == 1 else None
         assert row["gold_missing"] == reason, row["record_id"]
         assert (row["rationale"] is None) == (reason is not None)
-        assert row["system"] == system_prompt(mode, settings.geometry)
+        assert row["system"] == system_prompt(mode, settings.geometry, system)
         assert row["token_estimate"] == token_estimate(row["system"], prompt, response or "")
+
+
+def test_the_brief_system_turn_leaves_the_actions_to_each_state():
+    brief, full = system_prompt("single", style="brief"), system_prompt("single")
+    assert len(brief) < len(full) / 3 and "scroll_down" in full and "scroll_down" not in brief
+    assert brief.endswith(
+        '{"rationale": "<short first-person reason>", "action": {"type": "<action>", ...arguments}}'
+    )
+    assert "chained over time" in system_prompt("cross", style="brief")
+    # the environment renders the same system turn the records hold
+    state = golden_feed_state()
+    assert render_state(state, PromptSettings(system="brief"))[0]["content"] == brief
 
 
 # --- the hand-built lake: windows, recent lists, cross mode -------------------------------

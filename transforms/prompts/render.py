@@ -41,6 +41,11 @@ class PromptSettings(BaseModel):
         2, ge=0, description="reviews the page's own review block shows (list closed)"
     )
     review_chars: int = Field(120, ge=1, description="characters kept per review")
+    system: Literal["full", "brief"] = Field(
+        "full",
+        description="the system turn: the reference's description of screens and actions, or a brief "
+        "one (each state lists its executable actions and their arguments either way)",
+    )
     # the geometry the lake was ingested with (flows.records takes it from the ingest's manifest), so
     # the prompts show the viewport and scroll limits alignment used
     geometry: Geometry = Field(default_factory=Geometry)
@@ -300,8 +305,20 @@ CROSS_NOTE = (
 )
 
 
-def system_prompt(mode: Mode = "single", geometry: Geometry | None = None) -> str:
+BRIEF_SYSTEM_TEMPLATE = """\
+You simulate one real shopper using a mobile shopping app: given their profile, their shopping \
+history, what they did so far and what is on the screen now, choose exactly one next action among \
+those listed as executable.{cross}
+Reply with one JSON object and nothing else: \
+{{"rationale": "<short first-person reason>", "action": {{"type": "<action>", ...arguments}}}}"""
+
+
+def system_prompt(mode: Mode = "single", geometry: Geometry | None = None, style: str = "full") -> str:
+    """The system turn: ``full`` describes the screens and the 13 actions (the reference's); ``brief``
+    leaves the actions to each state's list of executable ones, with their arguments."""
     g = geometry or Geometry()
+    if style == "brief":
+        return BRIEF_SYSTEM_TEMPLATE.format(cross=CROSS_NOTE if mode == "cross" else "")
     return SYSTEM_TEMPLATE.format(
         cross=CROSS_NOTE if mode == "cross" else "",
         feed_vp=g.feed_viewport,
@@ -449,6 +466,6 @@ def render_state(state: State, settings: PromptSettings | None = None) -> list[d
     """Chat messages [system, user] for one state: what the simulator is shown."""
     s = settings or PromptSettings()
     return [
-        {"role": "system", "content": system_prompt(state.mode, s.geometry)},
+        {"role": "system", "content": system_prompt(state.mode, s.geometry, s.system)},
         {"role": "user", "content": render_prompt(state, s)},
     ]
