@@ -230,21 +230,38 @@ def specs_of(runs: SeedRuns, seed: int) -> dict[str, str]:
     return specs | {"markov": "markov", "random": f"random:{seed}", "world": "world"}
 
 
-def effect_counts(lake: Path, spec: str, sampling: Sampling, users: list[str]) -> pl.DataFrame | None:
-    """Per-user real and simulated counts of the A/B test (the world plays both arms' real shoppers)."""
-    from flows.world import effect_for_lake, world_from_lake
+@dataclass
+class ABTest:
+    """The A/B test's two arms, built once for a study: every simulator and seed rolls out on them
+    (the world that played the arms' real shoppers is the ``world`` simulator too)."""
 
-    world = world_from_lake(lake)
-    simulator = world if spec == "world" else simulator_for_lake(spec, lake, sampling)
+    world: Any
+    arms: list[Any]
+    environment: Any
+
+    @classmethod
+    def build(cls, lake: Path, users: list[str]) -> ABTest:
+        from flows.world import ab_arms, world_from_lake
+
+        world = world_from_lake(lake)
+        arms, environment = ab_arms(lake, world, users)
+        return cls(world, arms, environment)
+
+
+def effect_counts(lake: Path, spec: str, sampling: Sampling, ab: ABTest) -> pl.DataFrame | None:
+    """Per-user real and simulated counts of the A/B test for one simulator."""
+    from flows.world import effect_on_arms
+
+    simulator = ab.world if spec == "world" else simulator_for_lake(spec, lake, sampling)
     try:
-        return effect_for_lake(lake, simulator, world, split="test", users=users).counts
+        return effect_on_arms(ab.arms, ab.environment, simulator).counts
     finally:
         if close := getattr(simulator, "close", None):
             close()
 
 
 def evaluate_seed(
-    lake: Path, work: Path, size: StudySize, runs: SeedRuns, seed: int, sessions: list[str], users: list[str]
+    lake: Path, work: Path, size: StudySize, runs: SeedRuns, seed: int, sessions: list[str], ab: ABTest
 ) -> SeedTraces:
     from flows.evaluate import simulate
 
@@ -256,7 +273,7 @@ def evaluate_seed(
         written = simulate.fn(str(lake), spec, str(out), sessions, sampling, 64)
         traces.rollouts[arm] = written["rollout"]["path"]
         traces.replays[arm] = written["replay"]["path"] if written["replay"] else None
-        traces.effects[arm] = effect_counts(lake, spec, Sampling(**sampling), users)
+        traces.effects[arm] = effect_counts(lake, spec, Sampling(**sampling), ab)
         traces.seconds[arm] = time.perf_counter() - started
     return traces
 
@@ -379,11 +396,12 @@ def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None]
     sessions = evaluated_ids(str(lake), "test", size.sessions)
     users = held_out_users(str(lake), "test")[: size.effect_users]
     real = real_traces.fn(str(lake), str(work / "real"), "test", sessions)
+    ab = ABTest.build(lake, users)
     per_seed: dict[int, tuple[SeedRuns, SeedTraces]] = {}
     for seed in size.seeds:
         runs = train_seed(lake, work, size, seed)
         log(f"seed {seed}: trained {', '.join(f'{k} {v:.0f}s' for k, v in runs.seconds.items())}")
-        traces = evaluate_seed(lake, work, size, runs, seed, sessions, users)
+        traces = evaluate_seed(lake, work, size, runs, seed, sessions, ab)
         log(f"seed {seed}: evaluated {', '.join(f'{k} {v:.0f}s' for k, v in traces.seconds.items())}")
         per_seed[seed] = (runs, traces)
     result = study_result(size, sessions, users, real["path"], per_seed, started)

@@ -99,7 +99,6 @@ if TYPE_CHECKING:  # the CPU phases' types; the GPU phase imports neither polars
     import polars as pl
     from fidelity import SeedRuns, SeedTraces, StudySize
 
-    from evaluation.environment import EnvironmentSettings
     from evaluation.executable import RecordScreens
     from evaluation.simulators import Simulator
     from trainer.config import TrainSettings
@@ -180,7 +179,7 @@ def prepare(
     users = held_out_users(str(lake), "test")[: size.effect_users]
     environment = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
     test = load_sessions(lake, sessions, settings=environment)
-    arms = ab_arms(lake, users, environment)
+    arms = arms_for_gpu(lake, users)
     with lzma.open(out / SESSIONS, "wb") as handle:
         pickle.dump({"test": test, "ab": [s for arm in arms.values() for s in arm["sessions"]]}, handle)
     training = {}
@@ -221,21 +220,20 @@ def prepare(
     return manifest
 
 
-def ab_arms(
-    lake: Path, users: list[str], environment: EnvironmentSettings, seed: int = 0
-) -> dict[str, dict[str, Any]]:
-    """The A/B test's two arms as ``flows.world.effect_for_lake`` builds them (the users in seeded
-    halves, each half's sessions under its policy): sessions, users and the world's real counts."""
-    from evaluation.effect import ARM_A, ARM_B
-    from flows.world import ARMS, policy_arm, split_halves, world_from_lake
+def arms_for_gpu(lake: Path, users: list[str]) -> dict[str, dict[str, Any]]:
+    """The A/B test's two arms as ``flows.world.ab_arms`` builds them for every simulator (the users in
+    seeded halves, each half's sessions under its policy): sessions, users and the world's real counts."""
+    from flows.world import ab_arms, world_from_lake
 
-    world = world_from_lake(lake)
-    halves = split_halves(users, seed)
-    arms = {}
-    with tempfile.TemporaryDirectory(prefix="ab-arms-") as folder:
-        for name, policy, half in zip((ARM_A, ARM_B), ARMS, halves, strict=True):
-            arm = policy_arm(world, name, policy, half, Path(folder), environment)
-            arms[name] = {"users": half, "sessions": arm.sessions, "real": arm.real.to_dicts()}
+    built, _ = ab_arms(lake, world_from_lake(lake), users)
+    arms = {
+        arm.name: {
+            "users": arm.real["user_id"].to_list(),
+            "sessions": arm.sessions,
+            "real": arm.real.to_dicts(),
+        }
+        for arm in built
+    }
     ids = [s.session_id for arm in arms.values() for s in arm["sessions"]]
     if len(ids) != len(set(ids)):  # both arms roll out as one pool into one trace file
         raise ValueError("the two arms share session ids: they cannot share one trace file")
@@ -736,9 +734,10 @@ def score(
     sessions, users = manifest["sessions"], manifest["effect_users"]
     real = real_traces.fn(str(lake), str(work / "real"), "test", sessions)
     per_seed = {}
+    ab = fidelity.ABTest.build(lake, users)
     for seed in size.seeds:
         empty = fidelity.SeedRuns({}, {}, {}, {})
-        baselines = fidelity.evaluate_seed(lake, work, size, empty, seed, sessions, users)
+        baselines = fidelity.evaluate_seed(lake, work, size, empty, seed, sessions, ab)
         log(f"seed {seed}: baselines {', '.join(f'{k} {v:.0f}s' for k, v in baselines.seconds.items())}")
         runs, traces_of = gpu_seed(unpacked, manifest, seed)
         merged = fidelity.SeedTraces(*(getattr(traces_of, f) | getattr(baselines, f)

@@ -291,17 +291,15 @@ def print_checkpoint_figures(console: Console, workdir: Path, report: dict, chec
         f"{summary['held_out_users']} held-out users): parse {fmt(shares[0])}, executable {fmt(shares[1])}"
     )
     ours = report["simulators"][f"checkpoint:{checkpoint}"]
-    chance = report["simulators"].get("random")
-    table = Table(title="Table 2: the checkpoint beside random (✓ where it does better)")
-    table.add_column("")
-    for metric, direction in (("OVA", "↑"), *PAPER_METRICS):
-        table.add_column(f"{metric} {direction}", justify="right")
+    chance = report["simulators"].get("random") or {}
     verdicts = better_than(ours, chance) if chance else {}
-    table.add_row("checkpoint", fmt(ours.get("OVA")), *(
-        f"{fmt(ours.get(m))}{' ✓' if verdicts.get(m) else ''}" for m, _ in PAPER_METRICS
-    ))  # fmt: skip
-    if chance:
-        table.add_row("random", fmt(chance.get("OVA")), *(fmt(chance.get(m)) for m, _ in PAPER_METRICS))
+    table = Table(title="the checkpoint beside random (Table 2)")
+    for column in ("figure", "checkpoint", "random", "better"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    table.add_row("OVA ↑", fmt(ours.get("OVA")), fmt(chance.get("OVA")), "")
+    for metric, direction in PAPER_METRICS:
+        mark = {True: "✓", False: "", None: "n/a"}[verdicts.get(metric)]
+        table.add_row(f"{metric} {direction}", fmt(ours.get(metric)), fmt(chance.get(metric)), mark)
     console.print(table)
     if chance:
         wins = sum(bool(v) for v in verdicts.values())

@@ -305,6 +305,39 @@ def _real_counts(world: WorldSimulator, run: Run, users: np.ndarray) -> pl.DataF
     )
 
 
+def ab_arms(
+    lake: str | Path, world: WorldSimulator, users: Sequence[str], seed: int = 0
+) -> tuple[list[Arm], EnvironmentSettings]:
+    """The two arms of the A/B test for ``users`` (split in halves by ``seed``), as the environment
+    shows them: every simulator of a comparison can be rolled out on the same arms."""
+    half_a, half_b = split_halves(users, seed)
+    # the arms' sessions are shown as the lake's own records show theirs (a trained simulator's prompts)
+    environment = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
+    with tempfile.TemporaryDirectory(prefix="ab-arms-") as folder:
+        arms = [
+            policy_arm(world, name, policy, half, Path(folder), environment)
+            for name, policy, half in zip((ARM_A, ARM_B), ARMS, (half_a, half_b), strict=True)
+        ]
+    return arms, environment
+
+
+def effect_on_arms(
+    arms: Sequence[Arm],
+    environment: EnvironmentSettings,
+    simulator: Simulator,
+    *,
+    seed: int = 0,
+    resamples: int = 2_000,
+) -> EffectFidelity:
+    """The simulator rolled out on each arm's sessions, its Δ PV-CTR against the arms' real one."""
+    counts = []
+    for arm in arms:
+        rollouts = [Rollout(session, environment) for session in arm.sessions]
+        drive(rollouts, simulator)
+        counts.append(arm_counts(arm.name, arm.real, rollout_counts(rollouts)))
+    return effect_fidelity(pl.concat(counts), resamples=resamples, seed=seed)
+
+
 def effect_for_lake(
     lake: str | Path,
     simulator: Simulator,
@@ -319,14 +352,6 @@ def effect_for_lake(
     policy A (``baseline``), half policy B (``treatment``); the world's shoppers give the real Δ
     PV-CTR, the simulator rolled out on the same sessions the simulated one."""
     world = world or world_from_lake(lake)
-    half_a, half_b = split_halves(users if users is not None else held_out_users(lake, split), seed)
-    # the arms' sessions are shown as the lake's own records show theirs (a trained simulator's prompts)
-    environment = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
-    counts = []
-    with tempfile.TemporaryDirectory(prefix="ab-arms-") as folder:
-        for name, policy, half in zip((ARM_A, ARM_B), ARMS, (half_a, half_b), strict=True):
-            arm = policy_arm(world, name, policy, half, Path(folder), environment)
-            rollouts = [Rollout(session, environment) for session in arm.sessions]
-            drive(rollouts, simulator)
-            counts.append(arm_counts(name, arm.real, rollout_counts(rollouts)))
-    return effect_fidelity(pl.concat(counts), resamples=resamples, seed=seed)
+    chosen = users if users is not None else held_out_users(lake, split)
+    arms, environment = ab_arms(lake, world, chosen, seed)
+    return effect_on_arms(arms, environment, simulator, seed=seed, resamples=resamples)
