@@ -113,12 +113,15 @@ class ResponseReport:
     ``parse_share`` is over every response; ``executable_share`` over those whose record has a
     screen (``judged``), where ``rejected`` counts each reason and the rest were executable;
     ``no_screen`` counts the others by why. ``executable_share`` is None when none was judged.
+    ``recorded_action_share``: of the judged responses, those executable as the action the shopper
+    took there (its type): a simulator can be executable at every step and still never click.
     """
 
     responses: int = 0
     parsed: int = 0
     judged: int = 0
     executable: int = 0
+    as_recorded: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     no_screen: Counter[str] = field(default_factory=Counter)
 
@@ -126,6 +129,7 @@ class ResponseReport:
         return {
             "parse_share": self.parsed / self.responses if self.responses else 0.0,
             "executable_share": self.executable / self.judged if self.judged else None,
+            "recorded_action_share": self.as_recorded / self.judged if self.judged else None,
             "judged": self.judged,
             "rejected": {reason: self.rejected[reason] for reason in REJECT_REASONS if self.rejected[reason]},
             "no_screen": dict(sorted(self.no_screen.items())),
@@ -148,6 +152,7 @@ def judge_responses(
             report.rejected[verdict.reason] += 1
         else:
             report.executable += 1
+            report.as_recorded += verdict.type == screens.steps[record_id].gold.type
     return report
 
 

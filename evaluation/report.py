@@ -79,6 +79,8 @@ def better_than(figures: Mapping[str, Any], reference: Mapping[str, Any]) -> dic
         else:
             verdicts[metric] = ours > theirs if direction == HIGHER else ours < theirs
     return verdicts
+
+
 FUNNEL_STAGES = (
     ("click_share", "clicked"),
     ("detail_page_share", "opened a detail page"),

@@ -285,10 +285,11 @@ def print_checkpoint_figures(console: Console, workdir: Path, report: dict, chec
 
     summary = json.loads((workdir / "train" / "optd" / "summary.json").read_text())
     end = summary.get("held_out_end") or {}
-    shares = (end.get("parse_share"), end.get("executable_share"))
+    shares = (end.get("parse_share"), end.get("executable_share"), end.get("recorded_action_share"))
     console.print(
         f"[bold]checkpoint's held-out responses[/bold] ({end.get('sampled', 0)} sampled, "
-        f"{summary['held_out_users']} held-out users): parse {fmt(shares[0])}, executable {fmt(shares[1])}"
+        f"{summary['held_out_users']} held-out users): parse {fmt(shares[0])}, executable {fmt(shares[1])}, "
+        f"the shopper's own action {fmt(shares[2])}"
     )
     ours = report["simulators"][f"checkpoint:{checkpoint}"]
     chance = report["simulators"].get("random") or {}

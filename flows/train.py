@@ -95,7 +95,8 @@ def responses_markdown(start: dict[str, Any] | None, end: dict[str, Any] | None)
     return (
         f"sampled held-out responses: parse {_value(first.get('parse_share'))} -> "
         f"{_value(last.get('parse_share'))}, executable {_value(first.get('executable_share'))} -> "
-        f"{_value(last.get('executable_share'))} ({last.get('judged', 0)} on a screen); "
+        f"{_value(last.get('executable_share'))} ({last.get('judged', 0)} on a screen), the recorded action "
+        f"{_value(first.get('recorded_action_share'))} -> {_value(last.get('recorded_action_share'))}; "
         f"rejected at the end: {_counts(last.get('rejected', {}))}; "
         f"without a screen: {_counts(last.get('no_screen', {}))}"
     )

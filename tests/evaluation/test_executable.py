@@ -107,8 +107,9 @@ def test_records_without_a_screen_are_counted_apart_by_reason(lake, screens, tmp
 
 
 def test_the_report_counts_shares_and_reasons(screens):
-    ids = [FEED_TOP, FEED_TOP, FEED_TOP, PAGE, PAGE, record("sC", 2), "nowhere:0"]
+    ids = [FEED_TOP, FEED_TOP, FEED_TOP, FEED_TOP, PAGE, PAGE, record("sC", 2), "nowhere:0"]
     texts = [
+        answer({"type": "scroll_down", "distance": 300}),  # executable: what the shopper did there
         answer({"type": "click", "target_item_id": ITEM["i01"]}),  # executable
         answer({"type": "scroll_down", "distance": 695}),  # target_unresolved
         "{not json",  # parse_failure
@@ -118,11 +119,13 @@ def test_the_report_counts_shares_and_reasons(screens):
         "nothing",  # no screen, does not parse
     ]
     report = judge_responses(screens, ids, texts).as_json()
-    # 5 of the 7 parse; 5 have a screen, 2 of them executable
+    # 6 of the 8 parse; 6 have a screen, 3 of them executable, 1 the recorded action (sA's step 0 was a
+    # scroll down; the click there and back_home on the page, where the shopper swiped, are not)
     assert report == {
-        "parse_share": 5 / 7,
-        "executable_share": 2 / 5,
-        "judged": 5,
+        "parse_share": 6 / 8,
+        "executable_share": 3 / 6,
+        "recorded_action_share": 1 / 6,
+        "judged": 6,
         "rejected": {"parse_failure": 1, "illegal_in_state": 1, "target_unresolved": 1},
         "no_screen": {"missing_feed_offset": 1, RECORD_NOT_IN_LAKE: 1},
     }

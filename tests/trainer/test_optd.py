@@ -259,7 +259,8 @@ def test_sft_raises_the_share_of_responses_that_parse(lake, tmp_path):
         return judge([s.record.record_id for s in states], texts)
 
     # this lake holds records only: no screen to judge them on, each of the 6 counted apart
-    no_screen = {"executable_share": None, "judged": 0, "rejected": {}, "no_screen": {"no_recorded_steps": 6}}
+    no_screen = {"executable_share": None, "recorded_action_share": None, "judged": 0, "rejected": {},
+                 "no_screen": {"no_recorded_steps": 6}}  # fmt: skip
     # random weights put a '{' first with probability ~1/435 and never a whole JSON object
     assert shares(untrained) == {"parse_share": 0.0, **no_screen}
     after = shares(trained)
