@@ -14,9 +14,9 @@ import numpy as np
 import pydantic
 import pytest
 import torch
-from trainer.optd_config import OPTDSettings
 
 from trainer import objective
+from trainer.config import OPTDSettings
 from trainer.objective import (
     PADDING_STATE,
     ObjectiveSettings,
