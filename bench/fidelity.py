@@ -107,6 +107,7 @@ QUICK = StudySize(
             "hidden_size": 32,
             "intermediate_size": 64,
             "num_heads": 1,
+            "num_kv_heads": 1,
             "num_layers": 1,
         },
     },
@@ -479,12 +480,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--users", type=int, default=None)
     parser.add_argument("--sessions", type=int, default=None)
+    parser.add_argument("--effect-users", type=int, default=None)
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     changes = {
         "seeds": tuple(args.seeds) if args.seeds else None,
         "users": args.users,
         "sessions": args.sessions,
+        "effect_users": args.effect_users,
     }
     size = replace(size, **{k: v for k, v in changes.items() if v is not None})
     work = args.work or args.out / ".fidelity-work"

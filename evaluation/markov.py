@@ -24,6 +24,7 @@ import polars as pl
 
 from evaluation.metrics import top_category
 from evaluation.simulators import (
+    CARD_LINE,
     DISTANCE_RANGE,
     REVIEW_LINE,
     Messages,
@@ -36,7 +37,6 @@ from transforms.prompts import clean
 START = "start"  # the previous action of a session's first step
 SCROLLS = ("scroll_down", "scroll_up", "ipv_scroll_down", "ipv_scroll_up")
 PAST_ACTION = re.compile(r'\| action: \{"type":\s*"(?P<type>[a-z_]+)"')
-CARD_CATEGORY = re.compile(r"^\d+\. .* \| (?P<category>[^|]*) \| id (?P<item>.+)$")
 SECTION = re.compile(r"^## (?P<name>.+)$", re.MULTILINE)
 
 
@@ -97,7 +97,7 @@ def read_prompt(prompt: str) -> Shown:
     history = next((body for name, body in parts.items() if name.startswith("Interaction history")), "")
     past = PAST_ACTION.findall(history)
     seen = observation_text(prompt).splitlines()
-    cards = [(m["item"], m["category"]) for m in map(CARD_CATEGORY.match, seen) if m]
+    cards = [(m["item"], m["category"]) for m in map(CARD_LINE.match, seen) if m]
     recent = parts.get("Recent clicks (newest first)", "").splitlines()
     return Shown(
         screen="feed" if "Screen: feed" in seen else "ipv",

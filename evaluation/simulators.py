@@ -24,7 +24,8 @@ Messages = list[dict[str, str]]
 T = TypeVar("T")
 
 ACTIONS_HEADING = "## Executable actions\n"
-CARD_LINE = re.compile(r"^\d+\. .* \| id (?P<item>.+)$")
+#: ``N. title | id ITEM | price | category`` (render.card_line): the id is read up to the price
+CARD_LINE = re.compile(r"^\d+\. .* \| id (?P<item>.+?) \| (?:\d+\.\d\d|n/a) \| (?P<category>.*)$")
 REVIEW_LINE = re.compile(r"^(?P<alias>C\d+): ")
 DISTANCE_RANGE = re.compile(r'"distance": 1\.\.(?P<top>\d+)')
 

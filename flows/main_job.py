@@ -38,12 +38,12 @@ DEMO_RECORDS: dict[str, Any] = {
 #: states only (the evaluation's mode), a model and a number of updates that fit the main job's budget
 DEMO_TRAINING: dict[str, Any] = {
     "modes": ["single"],
-    "steps": 250,
+    "steps": 400,
     "states_per_update": 8,
-    "micro_batch_states": 8,
+    "micro_batch_states": 1,
     "lr": 4e-3,
     "warmup_steps": 10,
-    "eval_every": 125,
+    "eval_every": 200,
     "checkpoint_every": 0,
     "held_out_states": 64,
     "held_out_sampled": 32,

@@ -280,6 +280,7 @@ def run_optd(
     """
     from trainer.checkpoint import latest
 
+    require_generator(settings.generator)  # a missing engine is the first thing said, before any path
     out = Path(out)
     teacher = resolve_checkpoint(base)
     start = resolve_checkpoint(student, "--student") if student is not None else teacher

@@ -217,15 +217,7 @@ class TrainingRun:
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         seed_everything(settings.seed)
-        records, self.left_out = load_records(lake, [settings.train_split], settings.modes)
-        held_out_records, _ = load_records(lake, [settings.eval_split], settings.modes)
-        self.probe_records = spread_over_sessions(intent_bearing(records), settings.probe_states)
-        probe_keys = {r.key for r in self.probe_records}
-        pool_records = self.pool_records([r for r in records if r.key not in probe_keys])
-        if not pool_records:
-            raise ValueError(
-                f"no {settings.train_split} states to train on in {lake} (left out: {dict(self.left_out)})"
-            )
+        pool_records, held_out_records = self.read_records()
         self.model, self.tokenizer = self.load_model(pool_records, start_from)
         self.model.to(self.device)
         if settings.activation_checkpointing:
@@ -235,37 +227,60 @@ class TrainingRun:
         check_users_apart(self.pool.records, [s.record for s in self.held_out])
         self.probe = self.encode_probe()
         self.body = HiddenStates(self.model)
-        wrapped = wrap(self.body, self.world, settings.strategy, self.device)
+        self.trainer = self.build_trainer()
+        self.sampler = self.build_sampler()
+        self.meta = self.base_meta()
+        self._held_out_batches: list[Batch] | None = None
+        self.seconds = {"set_up": time.perf_counter() - started, "updates": 0.0, "evaluations": 0.0}
+
+    def read_records(self) -> tuple[list[RecordText], list[RecordText]]:
+        """The pool's records (the probe states kept out) and the held-out users' records."""
+        s = self.settings
+        records, self.left_out = load_records(self.lake, [s.train_split], s.modes)
+        held_out, _ = load_records(self.lake, [s.eval_split], s.modes)
+        self.probe_records = spread_over_sessions(intent_bearing(records), s.probe_states)
+        probe_keys = {r.key for r in self.probe_records}
+        pool = self.pool_records([r for r in records if r.key not in probe_keys])
+        if not pool:
+            raise ValueError(
+                f"no {s.train_split} states to train on in {self.lake} (left out: {dict(self.left_out)})"
+            )
+        return pool, held_out
+
+    def build_trainer(self) -> Trainer:
+        s = self.settings
+        wrapped = wrap(self.body, self.world, s.strategy, self.device)
         # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
-        optimizer = adam(self.model, settings.lr, settings.adam_betas, settings.adam_eps)
-        self.trainer = Trainer(
+        optimizer = adam(self.model, s.lr, s.adam_betas, s.adam_eps)
+        return Trainer(
             wrapped,
             optimizer,
-            schedule(optimizer, settings.warmup_steps, settings.steps),
-            clip=settings.clip_grad_norm,
+            schedule(optimizer, s.warmup_steps, s.steps),
+            clip=s.clip_grad_norm,
             device=self.device,
-            bf16=settings.bf16,
+            bf16=s.bf16,
         )
-        weights = None
-        if settings.class_resampling_alpha is not None:
-            actions = [r.action for r in self.pool.records]
-            weights = power_law_weights(actions, settings.class_resampling_alpha)
-        self.sampler = StateSampler(len(self.pool), settings.seed, weights)
-        self.meta: dict[str, Any] = {
+
+    def build_sampler(self) -> StateSampler:
+        alpha = self.settings.class_resampling_alpha
+        weights = None if alpha is None else power_law_weights([r.action for r in self.pool.records], alpha)
+        return StateSampler(len(self.pool), self.settings.seed, weights)
+
+    def base_meta(self) -> dict[str, Any]:
+        """What every checkpoint records (trainer.json, the model card): settings, data, held-out users."""
+        return {
             "stage": self.stage,
-            "settings": settings_json(settings),
+            "settings": settings_json(self.settings),
             "data_hash": data_hash(self.pool.records, tokenizer_fingerprint(self.tokenizer)),
             "lake": str(self.lake),
             "train_states": len(self.pool),
             "left_out": dict(self.left_out),
             "held_out": {
-                "split": settings.eval_split,
+                "split": self.settings.eval_split,
                 "states": len(self.held_out),
                 "users": len({s.record.user_id for s in self.held_out}),
             },
         }
-        self._held_out_batches: list[Batch] | None = None
-        self.seconds = {"set_up": time.perf_counter() - started, "updates": 0.0, "evaluations": 0.0}
 
     # --- what a stage may change --------------------------------------------------------------
 
@@ -473,11 +488,19 @@ class TrainingRun:
         rows = metrics.rows() if metrics else []
         evaluations = [row for row in rows if row["kind"] == "eval"]
         self.meta["held_out_end"] = strip_bookkeeping(evaluations[-1]) if evaluations else None
-        checkpoint = self.checkpoint(end)
-        summary = TrainSummary(
+        summary = self.summary(rows, end, self.checkpoint(end))
+        if metrics:
+            metrics.close()
+            save_prepared(self.out / PREPARED_FILE, self.pool, self.tokenizer)
+            (self.out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+            write_training_curves(self.out, self.stage)
+        return summary
+
+    def summary(self, rows: list[dict[str, Any]], steps: int, checkpoint: Path | None) -> TrainSummary:
+        return TrainSummary(
             stage=self.stage,
             checkpoint=str(checkpoint or ""),
-            steps=end,
+            steps=steps,
             skipped_steps=sum(row["skipped"] for row in rows if row["kind"] == "train"),
             train_states=len(self.pool),
             prepared_states=self.pool.prepared,
@@ -490,12 +513,6 @@ class TrainingRun:
             seconds={k: round(v, 3) for k, v in self.seconds.items()},
             stage_figures=self.stage_summary(rows),
         )
-        if metrics:
-            metrics.close()
-            save_prepared(self.out / PREPARED_FILE, self.pool, self.tokenizer)
-            (self.out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-            write_training_curves(self.out, self.stage)
-        return summary
 
 
 def strip_bookkeeping(row: dict[str, Any]) -> dict[str, Any]:

@@ -128,15 +128,15 @@ def last_n_lines(column: str, n: int, by: str) -> pl.Expr:
 
 
 def card_texts(items: pl.LazyFrame) -> pl.LazyFrame:
-    """Per item: the feed-card body ``title | price | top category | id``."""
+    """Per item: the feed-card body ``title | id | price | top category`` (twin of ``render.card_line``)."""
     card = pl.concat_str(
         text_or(pl.col("title"), UNKNOWN_ITEM),
+        pl.lit(" | id "),
+        pl.col("item_id"),
         pl.lit(" | "),
         fmt_price(pl.col("price")),
         pl.lit(" | "),
         text_or(pl.col("category_l1"), "n/a"),
-        pl.lit(" | id "),
-        pl.col("item_id"),
     )
     return items.select("item_id", pl.col("title").alias("_item_title"), card.alias("_card"))
 
@@ -455,7 +455,7 @@ def _cards(steps: pl.DataFrame, items: pl.DataFrame) -> pl.DataFrame:
                 pl.col("_pos").cast(STR),
                 pl.lit(". "),
                 pl.col("_card").fill_null(
-                    pl.concat_str(pl.lit(f"{UNKNOWN_ITEM} | n/a | n/a | id "), pl.col("item_id"))
+                    pl.concat_str(pl.lit(f"{UNKNOWN_ITEM} | id "), pl.col("item_id"), pl.lit(" | n/a | n/a"))
                 ),
             ).alias("_line")
         )

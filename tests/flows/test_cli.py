@@ -22,8 +22,33 @@ from transforms.lake import read_lake_table
 runner = CliRunner()
 
 
+#: the main job's stages at a test's size (the demo's own size is measured in bench/RESULTS.md)
+SMALL_RUN = """
+[train]
+steps = 6
+eval_every = 3
+held_out_states = 8
+held_out_sampled = 4
+held_out_sampling = {temperature = 1.0, top_p = 0.95, max_new_tokens = 24}
+tiny = {vocab_size = 600, hidden_size = 32, intermediate_size = 64, num_layers = 1, num_heads = 2, num_kv_heads = 1}
+
+[optd]
+steps = 2
+rollout_sampling = {temperature = 0.8, top_p = 1.0, max_new_tokens = 16}
+
+[main_job]
+sessions = 4
+effect_users = 4
+max_new_tokens = 24
+"""
+
+
 def test_main_job_builds_a_queryable_lake_a_checkpoint_and_a_report(prefect_harness, tmp_path):
-    result = runner.invoke(app, ["run", "--users", "40", "--seed", "5", "--workdir", str(tmp_path)])
+    config = tmp_path / "small.toml"
+    config.write_text(SMALL_RUN)
+    result = runner.invoke(
+        app, ["run", "--users", "40", "--seed", "5", "--workdir", str(tmp_path), "--config", str(config)]
+    )
     assert result.exit_code == 0, result.output
     lake = tmp_path / "lake"
     assert "main job finished" in result.output

@@ -182,6 +182,7 @@ states_per_update = 4
 micro_batch_states = 1
 eval_split = "test"
 held_out_states = 5
+held_out_sampled = 2
 torch_threads = 1
 strategy = "fsdp"
 

@@ -126,8 +126,13 @@ def test_the_saved_tokenizer_reloads_with_the_same_ids(pipeline_lake, tmp_path):
     summary = run_sft(small(eval_split="test", steps=1), pipeline_lake, tmp_path / "run", progress=False)
     reloaded = AutoTokenizer.from_pretrained(summary.checkpoint)
     text = load_records(pipeline_lake, ["train"], ["single"])[0][0].response
-    ours = json.loads((Path(summary.checkpoint) / "tokenizer.json").read_text())["model"]["vocab"]
-    # AutoTokenizer beside a Llama config keeps our BPE: the same token -> id map, special tokens included
+    saved_tokenizer = json.loads((Path(summary.checkpoint) / "tokenizer.json").read_text())
+    ours = {
+        **saved_tokenizer["model"]["vocab"],
+        **{token["content"]: token["id"] for token in saved_tokenizer["added_tokens"]},
+    }
+    # AutoTokenizer beside a Llama config keeps our BPE and the whole tokens added after it (the response
+    # pieces and the action names): the same token -> id map, special tokens included
     assert reloaded.get_vocab() == ours
     assert (reloaded.bos_token, reloaded.eos_token, reloaded.pad_token) == (
         "<|bos|>",

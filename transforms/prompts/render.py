@@ -380,9 +380,11 @@ def window_line(past: PastStep, mode: Mode) -> str:
 
 
 def card_line(index: int, card: Card) -> str:
+    """A card in view; its id right after its title, as a click response writes them one after the
+    other (a short copy for a small model), then price and top category."""
     title = clean(card.title) or UNKNOWN_ITEM
     category = clean(card.category_l1) or "n/a"
-    return f"{index}. {title} | {fmt_price(card.price)} | {category} | id {card.item_id}"
+    return f"{index}. {title} | id {card.item_id} | {fmt_price(card.price)} | {category}"
 
 
 def review_line(index: int, text: str | None, max_chars: int) -> str:
