@@ -10,11 +10,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import duckdb
 import polars as pl
 
-from evaluation.traces import REJECT_REASONS, TraceFormat, TraceFormatError
+from evaluation.traces import (
+    OUR_REPLAY_KEYS,
+    OUR_ROLLOUT_KEYS,
+    REJECT_REASONS,
+    KeyLevel,
+    TraceFormat,
+    TraceFormatError,
+    first_unknown_key,
+)
 from transforms.schemas import ACTIONS, IPV_ACTIONS, SCREENS
 
 # --- frames -------------------------------------------------------------------------------------
@@ -135,6 +144,46 @@ def read_jsonl(path: Path, schema: pl.Schema) -> pl.DataFrame:
     return frame.cast(dict(schema))
 
 
+def _keys_sql(level: KeyLevel) -> str:
+    """The keys of a line's objects of ``level`` as one DuckDB list (of every element's, for a list)."""
+    keys = f"json_keys(json, '{level.json_path}')"
+    return f"flatten({keys})" if level.many else keys
+
+
+def unknown_key_counts(path: Path, levels: tuple[KeyLevel, ...]) -> dict[str, int]:
+    """How many objects hold each key their level does not declare, by the key's place in a line
+    (``{'profile.clicks': 12}``). DuckDB lists the keys on every core: checking a file takes about as
+    long as reading it into frames."""
+    source = str(path).replace("'", "''")
+    per_level = " UNION ALL ".join(
+        f"SELECT {index} AS level, key, count(*) FROM (SELECT unnest({_keys_sql(level)}) AS key FROM lines) "
+        "GROUP BY ALL"
+        for index, level in enumerate(levels)
+    )
+    query = f"WITH lines AS (SELECT json FROM read_ndjson_objects('{source}')) {per_level} ORDER BY ALL"
+    try:
+        rows = duckdb.connect().sql(query).fetchall()
+    except duckdb.Error as err:
+        raise TraceFormatError(f"{path}: {err}") from err
+    return {levels[index].path_of(key): n for index, key, n in rows if key not in levels[index].keys}
+
+
+def named_counts(counts: dict[str, int]) -> str:
+    """``profile.clicks (12), steps[].foo (3)``: keys with how many objects hold them."""
+    return ", ".join(f"{name} ({n})" for name, n in counts.items())
+
+
+def refuse_unknown_keys(path: Path, levels: tuple[KeyLevel, ...]) -> None:
+    """Stop on the first line holding a key its format does not declare, naming the line, the key and
+    the nearest declared one (and every other such key of the file, so that one run lists them all)."""
+    unknown = unknown_key_counts(path, levels)
+    if not unknown:
+        return
+    first = first_unknown_key(path, levels) or f"{path}: unknown keys"
+    in_all = named_counts(unknown)
+    raise TraceFormatError(f"{first}; unknown keys in the file: {in_all}" if len(unknown) > 1 else first)
+
+
 def price_from_text(text: pl.Expr) -> pl.Expr:
     """First number in a price as logged ('129', '129.9', '¥129.9'); None when there is none."""
     return text.str.extract(r"(\d+(?:\.\d+)?)", 1).cast(pl.Float64)
@@ -214,6 +263,23 @@ _REF_ROLLOUT = pl.Schema(
         "steps": pl.List(_REF_STEP),
     }
 )
+# the keys PROTOCOL.md §5 gives the reference's lines beyond those read above: written for its own use
+# and left unread (what is inside attributes, environment_state and usage is its own, not checked)
+_REF_UNREAD_SESSION = {"kind", "source", "max_steps", "model", "error"}
+_REF_UNREAD_PROFILE = {"history_price_mean", "attributes"}
+_REF_UNREAD_STEP = {"index", "screen_type", "target_title", "raw_output", "available_actions",
+                    "visible_item_ids", "environment_state", "usage"}  # fmt: skip
+_REF_ROLLOUT_KEYS = (
+    KeyLevel("session", frozenset(_REF_ROLLOUT) | _REF_UNREAD_SESSION),
+    KeyLevel(
+        "profile", frozenset(_REF_ROLLOUT["profile"].to_schema()) | _REF_UNREAD_PROFILE, under="profile"
+    ),
+    KeyLevel("step", frozenset(_REF_STEP.to_schema()) | _REF_UNREAD_STEP, under="steps", many=True),
+)
+ROLLOUT_KEYS: dict[TraceFormat, tuple[KeyLevel, ...]] = {
+    "ours": OUR_ROLLOUT_KEYS,
+    "reference": _REF_ROLLOUT_KEYS,
+}
 
 
 def _our_rollout(raw: pl.DataFrame) -> TraceFrames:
@@ -313,13 +379,19 @@ def _reference_rollout(raw: pl.DataFrame) -> TraceFrames:
     return TraceFrames(sessions.cast(dict(SESSION_SCHEMA)), steps.select(STEP_SCHEMA.names()))
 
 
-def load_traces(path: str | Path) -> TraceFrames:
-    """Rollout traces (ours or the reference's, detected from the first line) as frames."""
+def load_traces(path: str | Path, strict: bool = True) -> TraceFrames:
+    """Rollout traces (ours or the reference's, detected from the first line) as frames.
+
+    ``strict``: a key the format does not declare stops the read (see :func:`refuse_unknown_keys`);
+    otherwise such keys are left unread, and :func:`dropped_keys` counts them."""
     path = Path(path)
     first = _first_record(path)
     if first is None:
         return TraceFrames(pl.DataFrame(schema=SESSION_SCHEMA), pl.DataFrame(schema=STEP_SCHEMA))
-    if detect_rollout_format(first) == "ours":
+    trace_format = detect_rollout_format(first)
+    if strict:
+        refuse_unknown_keys(path, ROLLOUT_KEYS[trace_format])
+    if trace_format == "ours":
         frames = _our_rollout(read_jsonl(path, _OUR_ROLLOUT))
     else:
         frames = _reference_rollout(read_jsonl(path, _REF_ROLLOUT))
@@ -359,6 +431,11 @@ _REF_REPLAY = pl.Schema(
         "prediction_present": pl.Boolean,
     }
 )
+_REF_REPLAY_KEYS = (KeyLevel("replay step", frozenset(_REF_REPLAY) | {"raw_output", "model"}),)
+REPLAY_KEYS: dict[TraceFormat, tuple[KeyLevel, ...]] = {
+    "ours": OUR_REPLAY_KEYS,
+    "reference": _REF_REPLAY_KEYS,
+}
 
 
 def _reference_replay(raw: pl.DataFrame) -> pl.DataFrame:
@@ -385,13 +462,17 @@ def _reference_replay(raw: pl.DataFrame) -> pl.DataFrame:
     ).select(REPLAY_SCHEMA.names())
 
 
-def load_replay(path: str | Path) -> pl.DataFrame:
-    """Replay steps (ours or the reference's, detected from the first line) as one frame."""
+def load_replay(path: str | Path, strict: bool = True) -> pl.DataFrame:
+    """Replay steps (ours or the reference's, detected from the first line) as one frame; ``strict`` as
+    for :func:`load_traces`."""
     path = Path(path)
     first = _first_record(path)
     if first is None:
         return pl.DataFrame(schema=REPLAY_SCHEMA)
-    if detect_replay_format(first) == "ours":
+    trace_format = detect_replay_format(first)
+    if strict:
+        refuse_unknown_keys(path, REPLAY_KEYS[trace_format])
+    if trace_format == "ours":
         frame = read_jsonl(path, REPLAY_SCHEMA).with_columns(pl.col("accepted").fill_null(False))
     else:
         frame = _reference_replay(read_jsonl(path, _REF_REPLAY))
@@ -404,6 +485,18 @@ def load_replay(path: str | Path) -> pl.DataFrame:
     _refuse(path, frame, ~pl.col("screen").is_in(SCREENS), "replay rows on no known screen (feed or ipv)")
     # an empty target is no target: it must not match another empty one
     return frame.with_columns(_empty_to_null(pl.col(name)).alias(name) for name in REPLAY_TARGETS)
+
+
+def dropped_keys(path: str | Path, kind: Literal["rollout", "replay"]) -> dict[str, int]:
+    """What a lenient read (``strict=False``) of a rollout or replay file leaves unread: how many objects
+    hold each undeclared key, by its place in a line; {} for a file that reads strictly."""
+    path = Path(path)
+    first = _first_record(path)
+    if first is None:
+        return {}
+    if kind == "rollout":
+        return unknown_key_counts(path, ROLLOUT_KEYS[detect_rollout_format(first)])
+    return unknown_key_counts(path, REPLAY_KEYS[detect_replay_format(first)])
 
 
 # --- real traces from the lake ------------------------------------------------------------------

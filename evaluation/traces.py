@@ -9,15 +9,23 @@ engine writes traces where polars and duckdb are missing (a GPU machine). Scorin
 into Polars frames (:func:`load_traces`, :func:`load_replay`, in :mod:`evaluation.trace_frames` and
 reachable from here as before) so that hundreds of thousands of steps never become Python objects;
 both formats land in the same columns, so a figure does not depend on the tool that wrote the file.
+
+Both readers refuse a key that a format does not declare, at every level of a line (session, profile,
+step), naming the line and the nearest declared key: a misspelt ``clicks`` for ``prior_clicks`` would
+otherwise read as a profile of zero clicks and move PF without a word. ``strict=False`` reads on
+without such keys, and :func:`evaluation.trace_frames.dropped_keys` counts what that leaves out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import difflib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Screen = Literal["feed", "ipv"]
 TraceFormat = Literal["ours", "reference"]
@@ -28,6 +36,8 @@ TerminationReason = Literal["end", "budget", "invalid_retry_exhausted", "error"]
 
 class TraceProfile(BaseModel):
     """What the simulator knew of the shopper before the session."""
+
+    model_config = ConfigDict(extra="forbid")
 
     prior_clicks: int = Field(0, ge=0, description="clicks in the shopper's history before this session")
     prior_buys: int = Field(0, ge=0, description="purchases in the shopper's history before this session")
@@ -43,6 +53,8 @@ class TraceStep(BaseModel):
     from_attributes=True)``), so an environment's own attempt records need no copying by hand.
     """
 
+    model_config = ConfigDict(extra="forbid")  # from attributes, the object's other ones are not read
+
     screen: Screen
     action: str | None = Field(None, description="the action type as output (may be unknown when rejected)")
     target_item_id: str | None = Field(None, description="clicked card, or the item of the detail page")
@@ -57,6 +69,8 @@ class TraceStep(BaseModel):
 class Trace(BaseModel):
     """A whole session: who, from which source, how it ended, and its steps."""
 
+    model_config = ConfigDict(extra="forbid")
+
     session_id: str
     user_id: str
     source: str = Field(description="'real' or the simulator spec")
@@ -69,6 +83,8 @@ class Trace(BaseModel):
 
 class ReplayStep(BaseModel):
     """One recorded state: the recorded action and the simulator's prediction there."""
+
+    model_config = ConfigDict(extra="forbid")
 
     session_id: str
     step_index: int = Field(ge=0, description="position of the recorded step in its session")
@@ -101,20 +117,119 @@ def write_jsonl(path: str | Path, records: Iterable[BaseModel]) -> int:
     return count
 
 
+class TraceFormatError(ValueError):
+    """A trace file that is neither our format nor the reference's, or a line that its format refuses."""
+
+
+@dataclass(frozen=True)
+class KeyLevel:
+    """One kind of object in a trace line (the line itself, its profile, its steps) and its keys."""
+
+    name: str  # as a message names it: 'session', 'profile', 'step'
+    keys: frozenset[str]
+    under: str | None = None  # the line's key holding the objects; None: the line itself
+    many: bool = False  # a list of them under that key (the steps)
+
+    def objects(self, record: dict) -> list[dict]:
+        """The objects of this level in one parsed line (none where the line has no such key)."""
+        if not isinstance(record, dict):
+            return []
+        if self.under is None:
+            return [record]
+        held = record.get(self.under)
+        items = (held if isinstance(held, list) else []) if self.many else [held]
+        return [item for item in items if isinstance(item, dict)]
+
+    @property
+    def json_path(self) -> str:
+        if self.under is None:
+            return "$"
+        return f"$.{self.under}[*]" if self.many else f"$.{self.under}"
+
+    def path_of(self, key: str) -> str:
+        """A key's place in a line, as counts name it: ``clicks``, ``profile.clicks``, ``steps[].clicks``."""
+        if self.under is None:
+            return key
+        return f"{self.under}[].{key}" if self.many else f"{self.under}.{key}"
+
+
+def model_keys(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(model.model_fields)
+
+
+OUR_ROLLOUT_KEYS = (
+    KeyLevel("session", model_keys(Trace)),
+    KeyLevel("profile", model_keys(TraceProfile), under="profile"),
+    KeyLevel("step", model_keys(TraceStep), under="steps", many=True),
+)
+OUR_REPLAY_KEYS = (KeyLevel("replay step", model_keys(ReplayStep)),)
+
+
+def unknown_key_message(level: KeyLevel, key: str) -> str:
+    """``unknown key 'clicks' in profile (did you mean 'prior_clicks'?)``; no guess when none is close."""
+    nearest = difflib.get_close_matches(key, sorted(level.keys), n=1)
+    guess = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+    return f"unknown key {key!r} in {level.name}{guess}"
+
+
+def unknown_key_in(record: dict, levels: Iterable[KeyLevel]) -> str | None:
+    """The message for the first key of one parsed line that its level does not declare; None if none."""
+    for level in levels:
+        for item in level.objects(record):
+            for key in item:
+                if key not in level.keys:
+                    return unknown_key_message(level, key)
+    return None
+
+
+def numbered_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number from 1, parsed object) for every non-blank line of a JSONL file."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TraceFormatError(f"{path}:{number}: not JSON ({err.msg})") from None
+            yield number, record
+
+
+def first_unknown_key(path: Path, levels: Iterable[KeyLevel]) -> str | None:
+    """``path:LINE: unknown key ...`` for the first line holding an undeclared key; None when none does."""
+    levels = tuple(levels)
+    for number, record in numbered_records(path):
+        if problem := unknown_key_in(record, levels):
+            return f"{path}:{number}: {problem}"
+    return None
+
+
+Record = TypeVar("Record", bound=BaseModel)
+
+
+def read_records(path: str | Path, model: type[Record], levels: Iterable[KeyLevel]) -> list[Record]:
+    """Every line of ``path`` as ``model``; a line it does not fit stops the read with its number."""
+    path, levels, records = Path(path), tuple(levels), []
+    for number, record in numbered_records(path):
+        if problem := unknown_key_in(record, levels):
+            raise TraceFormatError(f"{path}:{number}: {problem}")
+        try:
+            records.append(model.model_validate(record))
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise TraceFormatError(f"{path}:{number}: {where}: {first['msg']}") from None
+    return records
+
+
 def read_traces(path: str | Path) -> list[Trace]:
     """Our-format rollout traces as records (for small files; scoring uses :func:`load_traces`)."""
-    with Path(path).open(encoding="utf-8") as handle:
-        return [Trace.model_validate_json(line) for line in handle if line.strip()]
+    return read_records(path, Trace, OUR_ROLLOUT_KEYS)
 
 
 def read_replay(path: str | Path) -> list[ReplayStep]:
     """Our-format replay steps as records (for small files; scoring uses :func:`load_replay`)."""
-    with Path(path).open(encoding="utf-8") as handle:
-        return [ReplayStep.model_validate_json(line) for line in handle if line.strip()]
-
-
-class TraceFormatError(ValueError):
-    """A trace file that is neither our format nor the reference's."""
+    return read_records(path, ReplayStep, OUR_REPLAY_KEYS)
 
 
 # the frames half (polars, duckdb), imported the first time one of its names is asked for here
@@ -134,6 +249,7 @@ FRAME_NAMES = frozenset(
         "price_from_text",
         "load_traces",
         "load_replay",
+        "dropped_keys",
         "real_trace_frame",
     }
 )

@@ -324,14 +324,21 @@ def score(
     split: Annotated[
         str, typer.Option("--split", help="sessions of a lake --real: train | val | test")
     ] = "test",
+    lenient: Annotated[
+        bool,
+        typer.Option(
+            "--lenient", help="read past keys a trace format does not declare, counting those dropped"
+        ),
+    ] = False,
 ) -> None:
     """Score simulated traces against real ones: RVA, OVA, F1, Acc, DM-JSD, TE, PF, dCTR, dACR, T-JSD
-    and the supplementary figures, printed as one JSON object."""
+    and the supplementary figures, printed as one JSON object. A key that a trace format does not
+    declare (a misspelt one would read as missing) stops it, naming the line, unless --lenient."""
     from evaluation.traces import TraceFormatError
     from flows.score import score_command
 
     try:
-        score_command(real, sim, replay, split)
+        score_command(real, sim, replay, split, strict=not lenient)
     except TraceFormatError as err:
         raise stopped(err) from None
 

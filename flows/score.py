@@ -7,13 +7,15 @@ run would add its start-up and its log lines to a command whose stdout is meant 
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
 import polars as pl
 
 from evaluation.scorecard import rounded, score
-from evaluation.traces import load_replay, load_traces, real_trace_frame
+from evaluation.trace_frames import named_counts
+from evaluation.traces import dropped_keys, load_replay, load_traces, real_trace_frame
 from transforms.lake import read_lake_table, table_files
 from transforms.schemas import LAKE_TABLES
 
@@ -31,28 +33,55 @@ def present_columns(lake: str | Path, table: str, wanted: list[str]) -> list[str
 
 
 def score_files(
-    real: str | Path, sim: str | Path, replay: str | Path | None = None, split: str = "test"
+    real: str | Path,
+    sim: str | Path,
+    replay: str | Path | None = None,
+    split: str = "test",
+    strict: bool = True,
 ) -> dict[str, object]:
     """Every figure of ``sim`` against ``real`` (either trace format), rounded for reporting.
 
     ``real`` may also be a lake folder: its sessions of ``split`` are exported as real traces first, and
-    the cut sessions left out are counted beside the figures.
+    the cut sessions left out are counted beside the figures. ``strict=False`` reads files with keys
+    their format does not declare, and counts what it left unread under ``counts.dropped_keys``.
     """
-    replay_frame = load_replay(replay) if replay is not None else None
+    replay_frame = load_replay(replay, strict) if replay is not None else None
     if not Path(real).is_dir():
-        return rounded(score(load_traces(real), load_traces(sim), replay_frame))
-    with tempfile.TemporaryDirectory() as folder:
-        exported = export_real_traces(real, Path(folder) / "real.jsonl", [split])
-        figures = score(load_traces(Path(folder) / "real.jsonl"), load_traces(sim), replay_frame)
-    figures["counts"]["real_cut_sessions_left_out"] = exported["cut_sessions_left_out"]
+        figures = score(load_traces(real, strict), load_traces(sim, strict), replay_frame)
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            exported = export_real_traces(real, Path(folder) / "real.jsonl", [split])
+            figures = score(load_traces(Path(folder) / "real.jsonl"), load_traces(sim, strict), replay_frame)
+        figures["counts"]["real_cut_sessions_left_out"] = exported["cut_sessions_left_out"]
+    if not strict:
+        figures["counts"]["dropped_keys"] = dropped_by_file(real, sim, replay)
     return rounded(figures)
 
 
+def dropped_by_file(
+    real: str | Path, sim: str | Path, replay: str | Path | None
+) -> dict[str, dict[str, int]]:
+    """What a lenient read left unread, per file given (a lake's own export leaves nothing out)."""
+    rollouts = {"real": None if Path(real).is_dir() else real, "sim": sim}
+    dropped = {side: dropped_keys(path, "rollout") for side, path in rollouts.items() if path is not None}
+    if replay is not None:
+        dropped["replay"] = dropped_keys(replay, "replay")
+    return dropped
+
+
 def score_command(
-    real: str | Path, sim: str | Path, replay: str | Path | None = None, split: str = "test"
+    real: str | Path,
+    sim: str | Path,
+    replay: str | Path | None = None,
+    split: str = "test",
+    strict: bool = True,
 ) -> dict[str, object]:
-    """CLI entry: print the figures as one JSON object on stdout."""
-    figures = score_files(real, sim, replay, split)
+    """CLI entry: print the figures as one JSON object on stdout (and, reading leniently, one line on
+    stderr per file whose keys were dropped)."""
+    figures = score_files(real, sim, replay, split, strict)
+    for side, keys in figures["counts"].get("dropped_keys", {}).items():
+        if keys:
+            print(f"lenient: {side} traces: dropped unknown keys {named_counts(keys)}", file=sys.stderr)
     print(json.dumps(figures, indent=2))
     return figures
 

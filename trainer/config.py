@@ -180,6 +180,11 @@ class OPTDSettings(TrainSettings):
     )
     chunk_size: int = Field(256, ge=1, description="response positions projected through the head at once")
     generator: Literal["hf", "vllm"] = Field("hf", description="vllm: GPU and the optional extra only")
+    allow_foreign_base: bool = Field(
+        False,
+        description="distil from a base whose records are not this lake's, or that records none "
+        "(refused by default; the run records that it did)",
+    )
 
     def objective(self) -> ObjectiveSettings:
         import math

@@ -398,6 +398,28 @@ def data_hash(records: Sequence[RecordText], tokenizer_fingerprint: str) -> str:
     return digest.hexdigest()
 
 
+# what makes a records row the lake's own: which recorded step of which shopper, in which split
+RECORD_IDENTITY = ["mode", "record_id", "split", "user_id", "session_id", "action"]
+
+
+def records_hash(lake: str | Path) -> str:
+    """sha256 over which recorded steps the lake's records table holds: every row's mode, record id,
+    split, user, session and action, in key order.
+
+    How the rows are rendered (prompts, the rationales in responses) and their intents do not enter
+    it: the same lake re-rendered or re-extracted keeps its hash, while another lake, another split
+    of the users, or records rebuilt from other logs change it. Every split and mode is hashed, so
+    runs on one lake agree whatever their own splits and modes."""
+    dataset = ds.dataset(Path(lake) / "records", format="parquet", partitioning="hive")
+    table = dataset.to_table(columns=RECORD_IDENTITY).sort_by(
+        [("mode", "ascending"), ("record_id", "ascending")]
+    )
+    digest = hashlib.sha256()
+    for row in zip(*(table.column(name).to_pylist() for name in RECORD_IDENTITY), strict=True):
+        digest.update("\x00".join("" if value is None else str(value) for value in row).encode() + b"\x01")
+    return digest.hexdigest()
+
+
 def intents_hash(records: Sequence[RecordText]) -> str:
     """Hash of the intents the records carry, in order (what OPTD's teacher is shown)."""
     digest = hashlib.sha256()

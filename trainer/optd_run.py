@@ -12,6 +12,9 @@ with and without the intent (fixed: the teacher is frozen) and the objective wit
 responses sampled from the student from a fixed seed. Held-out samples are drawn from their own
 seeded RNG stream, so evaluations neither depend on nor disturb the training samples: a resumed
 run samples what an uninterrupted one would.
+
+The teacher must come from this lake: a base trained on another lake's records is refused before any
+model is loaded (``OPTDRun.check_base``), unless ``allow_foreign_base``, which the run then records.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.checkpoint import read_meta
 from trainer.data import EncodedState, RecordText, StatePool, intents_hash
 from trainer.distributed import unsharded
 from trainer.generation import (
@@ -73,6 +77,32 @@ def weights_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
+class ForeignBase(ValueError):
+    """The OPTD base (the teacher) was not trained on this lake's records, or cannot say what it was."""
+
+
+def recorded_records_hash(checkpoint: Path) -> str | None:
+    """The ``records_hash`` a checkpoint's run recorded in its ``trainer.json``; None where it records
+    none (not a trajforge checkpoint, or one written before runs recorded it)."""
+    try:
+        return read_meta(checkpoint).get("records_hash")
+    except FileNotFoundError:
+        return None
+
+
+def foreign_base_message(teacher: Path, theirs: str | None, lake: Path, ours: str) -> str:
+    allow = "set allow_foreign_base = true under [optd] to distil from it anyway"
+    if theirs is None:
+        return (
+            f"cannot distil from {teacher}: it records no records_hash, so whether it was trained on the "
+            f"records of {lake} (records_hash {ours[:12]}) cannot be told; {allow}"
+        )
+    return (
+        f"cannot distil from {teacher}: it was trained on other records than those of {lake} "
+        f"(records_hash {theirs[:12]} there, {ours[:12]} here); {allow}"
+    )
+
+
 class OPTDRun(TrainingRun):
     """On-policy trajectory distillation from a frozen SFT teacher (see the module's docstring)."""
 
@@ -109,6 +139,8 @@ class OPTDRun(TrainingRun):
             "stage": "optd",
             "teacher": str(teacher),
             "teacher_weights": weights_hash(teacher),
+            "teacher_records_hash": self.teacher_records_hash,
+            "foreign_base": self.teacher_records_hash != self.records_hash,
             "intents_hash": intents_hash(self.pool.records),
         }
 
@@ -146,6 +178,23 @@ class OPTDRun(TrainingRun):
                 seed=self.settings.seed,
             )
         return HFGenerator(self.model, self.tokenizer, sampling)
+
+    def check_base(self) -> None:
+        """Refuse a teacher whose run read another records table than this lake's.
+
+        The rule compares :func:`trainer.data.records_hash` (which recorded steps, users and splits the
+        records table holds) as the teacher's run recorded it with this lake's. Not ``data_hash``: that
+        hashes a run's own pool (SFT trains on every state, OPTD on the intent-bearing ones, each with
+        its settings' splits and modes, rendered texts and tokenizer), so it differs between an SFT run
+        and an OPTD run on one lake; what both read is the records table, and its identity is what
+        must agree. A teacher that records no hash is refused too: its lineage cannot be told."""
+        self.teacher_records_hash = recorded_records_hash(self.teacher_path)
+        if self.teacher_records_hash != self.records_hash and not self.settings.allow_foreign_base:
+            raise ForeignBase(
+                foreign_base_message(
+                    self.teacher_path, self.teacher_records_hash, self.lake, self.records_hash
+                )
+            )
 
     def check_lineage(self, meta: dict[str, Any]) -> None:
         for key, what in (("teacher_weights", "teacher's weights"), ("intents_hash", "intents")):

@@ -51,6 +51,7 @@ from trainer.data import (
     load_records,
     power_law_weights,
     prompt_ids,
+    records_hash,
     response_ids,
     spread_over_sessions,
 )
@@ -218,6 +219,8 @@ class TrainingRun:
             torch.set_num_threads(settings.torch_threads)
         seed_everything(settings.seed)
         pool_records, held_out_records = self.read_records()
+        self.records_hash = records_hash(self.lake)
+        self.check_base()
         self.model, self.tokenizer = self.load_model(pool_records, start_from)
         self.model.to(self.device)
         if settings.activation_checkpointing:
@@ -273,6 +276,7 @@ class TrainingRun:
             "settings": settings_json(self.settings),
             "data_hash": data_hash(self.pool.records, tokenizer_fingerprint(self.tokenizer)),
             "lake": str(self.lake),
+            "records_hash": self.records_hash,
             "train_states": len(self.pool),
             "left_out": dict(self.left_out),
             "held_out": {
@@ -337,6 +341,10 @@ class TrainingRun:
 
     def check_lineage(self, meta: dict[str, Any]) -> None:
         """What a resume must find unchanged besides settings and data (OPTD: the teacher, the intents)."""
+
+    def check_base(self) -> None:
+        """Refuse a starting checkpoint the run must not build on, before any model is loaded (OPTD: a
+        teacher trained on another lake's records); SFT starts from a pretrained model, no lineage."""
 
     # --- the skeleton -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import pytest
 from evaluation.engine import ManifestMismatch, finished_sessions, replay, roll_out, traces_manifest_path
 from evaluation.environment import EnvironmentSettings
 from evaluation.simulators import NoAnswer, RandomSimulator
-from evaluation.traces import load_replay, load_traces, read_replay, read_traces
+from evaluation.traces import dropped_keys, load_replay, load_traces, read_replay, read_traces
 from tests.evaluation.test_environment import session
 
 END = '{"rationale": "done", "action": {"type": "end"}}'
@@ -150,6 +150,23 @@ def test_replay_writes_one_row_per_recorded_step_with_the_prediction(tmp_path):
     again = Counting(END)
     assert replay([session(session_id="r")], again, path, source="end-bot").resumed == 1
     assert again.calls == 0
+
+
+def test_what_the_engine_writes_reads_strictly(tmp_path):
+    # scrolls up to the budget, an unparsable output and a random walk: every step field the engine
+    # fills; each key written must be one the trace models declare, or the strict readers would stop
+    settings = EnvironmentSettings(budget_single=3)
+    roll_out(sessions(2), Counting(SCROLL), tmp_path / "sim.jsonl", source="s", settings=settings)
+    roll_out([session(session_id="x")], Counting("not json"), tmp_path / "bad.jsonl", source="s")
+    roll_out(sessions(2), RandomSimulator(seed=9), tmp_path / "random.jsonl", source="random:9")
+    replay([session(session_id="r")], Counting(END), tmp_path / "replay.jsonl", source="s")
+    for name in ("sim", "bad", "random"):
+        assert dropped_keys(tmp_path / f"{name}.jsonl", "rollout") == {}
+        assert load_traces(tmp_path / f"{name}.jsonl", strict=True).sessions.height == len(
+            read_traces(tmp_path / f"{name}.jsonl")
+        )
+    assert dropped_keys(tmp_path / "replay.jsonl", "replay") == {}
+    assert load_replay(tmp_path / "replay.jsonl", strict=True).height == 4  # four recorded steps
 
 
 def test_a_replay_prediction_that_breaks_the_rules_is_kept_with_its_reason(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from evaluation.traces import write_jsonl
+from evaluation.traces import dropped_keys, write_jsonl
 from flows.cli import app
 from flows.score import export_real_traces
 from tests.evaluation.tiny import (
@@ -101,3 +101,40 @@ def test_a_lake_as_the_real_side(tmp_path):
     assert [figures[k] for k in ("DM-JSD", "TE", "dCTR", "dACR", "T-JSD")] == [0.0] * 5
     assert figures["counts"]["real_sessions"] == 3
     assert figures["counts"]["real_cut_sessions_left_out"] == {}
+    assert dropped_keys(tmp_path / "train.jsonl", "rollout") == {}  # the export declares every key it writes
+
+
+def misspell_profiles(path, sessions: int) -> None:
+    """Rename ``prior_clicks`` to ``clicks`` in the profiles of the first ``sessions`` lines."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines[:sessions]:
+        line["profile"]["clicks"] = line["profile"].pop("prior_clicks")
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_an_unknown_key_stops_with_one_line_naming_it(tmp_path):
+    write_pair(tmp_path)
+    misspell_profiles(tmp_path / "sim.jsonl", 2)
+    result = runner.invoke(
+        app, ["score", "--real", str(tmp_path / "real.jsonl"), "--sim", str(tmp_path / "sim.jsonl")]
+    )
+    assert result.exit_code == 1
+    # the whole output: one line, no traceback (both profiles hold the key; the first line is named)
+    where = tmp_path / "sim.jsonl"
+    assert (
+        result.output
+        == f"stopped: {where}:1: unknown key 'clicks' in profile (did you mean 'prior_clicks'?)\n"
+    )
+
+
+def test_lenient_scores_and_says_what_it_dropped(tmp_path):
+    write_pair(tmp_path)
+    misspell_profiles(tmp_path / "sim.jsonl", 2)
+    args = ["score", "--real", str(tmp_path / "real.jsonl"), "--sim", str(tmp_path / "sim.jsonl")]
+    result = runner.invoke(app, [*args, "--replay", str(tmp_path / "replay.jsonl"), "--lenient"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
+    # two simulated profiles held 'clicks': both counted, nothing dropped from the other files
+    assert figures["counts"]["dropped_keys"] == {"real": {}, "sim": {"profile.clicks": 2}, "replay": {}}
+    assert result.stderr == "lenient: sim traces: dropped unknown keys profile.clicks (2)\n"
+    assert figures["OVA"] == round(42 / 44, 4)  # the steps read as before

@@ -4,6 +4,7 @@ same frames (and so the same figures) as ours."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import polars as pl
@@ -12,7 +13,9 @@ import pytest
 from evaluation.scorecard import score
 from evaluation.traces import (
     TraceFormatError,
+    TraceProfile,
     TraceStep,
+    dropped_keys,
     load_replay,
     load_traces,
     read_replay,
@@ -183,3 +186,98 @@ def test_empty_file_reads_as_no_sessions(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     frames = load_traces(tmp_path / "empty.jsonl")
     assert (frames.sessions.height, frames.steps.height) == (0, 0)
+
+
+def write_lines(path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def our_lines(records) -> list[dict]:
+    return [json.loads(r.model_dump_json()) for r in records]
+
+
+def test_a_misspelt_profile_key_is_refused_with_its_line_and_the_nearest_key(tmp_path):
+    lines = our_lines(population()[:4])
+    lines[2]["profile"]["clicks"] = lines[2]["profile"].pop("prior_clicks")  # the third line
+    write_lines(tmp_path / "t.jsonl", lines)
+    message = f"{tmp_path / 't.jsonl'}:3: unknown key 'clicks' in profile (did you mean 'prior_clicks'?)"
+    expected = f"^{re.escape(message)}$"
+    with pytest.raises(TraceFormatError, match=expected):
+        load_traces(tmp_path / "t.jsonl")
+    with pytest.raises(TraceFormatError, match=expected):  # the records reader says the same
+        read_traces(tmp_path / "t.jsonl")
+
+
+def test_unknown_keys_are_refused_at_every_level(tmp_path):
+    cases = [
+        (lambda line: line.update(sesion="s"), "session", "session_id"),
+        (lambda line: line["steps"][1].update(acepted=True), "step", "accepted"),
+        (lambda line: line.update(colour="red"), "session", None),  # nothing close: no guess
+    ]
+    for change, level, nearest in cases:
+        lines = our_lines(population()[:2])
+        change(lines[1])
+        write_lines(tmp_path / "t.jsonl", lines)
+        with pytest.raises(TraceFormatError, match=f":2: unknown key '.*' in {level}") as raised:
+            load_traces(tmp_path / "t.jsonl")
+        guess = str(raised.value).partition("(did you mean ")[2]
+        assert guess == (f"'{nearest}'?)" if nearest else "")
+
+
+def test_the_line_number_counts_blank_lines(tmp_path):
+    lines = our_lines(population()[:2])
+    lines[1]["steps"][0]["screen_type"] = "feed"  # a reference step key in our format
+    (tmp_path / "t.jsonl").write_text(json.dumps(lines[0]) + "\n\n" + json.dumps(lines[1]) + "\n")
+    with pytest.raises(TraceFormatError, match=r"t\.jsonl:3: unknown key 'screen_type' in step"):
+        load_traces(tmp_path / "t.jsonl")
+
+
+def test_every_unknown_key_of_the_file_is_named_with_the_first(tmp_path):
+    lines = our_lines(population()[:3])
+    lines[0]["profile"]["clicks"] = 1
+    lines[1]["profile"]["clicks"] = 2
+    lines[2]["steps"][0]["note"] = "x"
+    write_lines(tmp_path / "t.jsonl", lines)
+    with pytest.raises(TraceFormatError) as raised:
+        load_traces(tmp_path / "t.jsonl")
+    # two profiles hold 'clicks', one step holds 'note'
+    assert str(raised.value).endswith(":1: unknown key 'clicks' in profile (did you mean 'prior_clicks'?); "
+                                      "unknown keys in the file: profile.clicks (2), steps[].note (1)")  # fmt: skip
+
+
+def test_a_reference_file_is_held_to_the_reference_keys(tmp_path):
+    episodes = [as_reference(r) for r in population()[:2]]
+    episodes[1]["steps"][0]["item_category"] = episodes[1]["steps"][0].pop("item_cate")  # our name for it
+    write_reference(tmp_path / "ref.jsonl", episodes)
+    expected = re.escape(":2: unknown key 'item_category' in step (did you mean 'item_cate'?)")
+    with pytest.raises(TraceFormatError, match=expected):
+        load_traces(tmp_path / "ref.jsonl")
+    rows = [as_reference_replay(r) for r in our_replay()]
+    rows[0]["pred_alias"] = rows[0].pop("pred_target_alias")
+    write_reference(tmp_path / "replay.jsonl", rows)
+    with pytest.raises(TraceFormatError, match=r":1: unknown key 'pred_alias' in replay step \(did you mean"):
+        load_replay(tmp_path / "replay.jsonl")
+
+
+def test_a_lenient_read_drops_unknown_keys_and_counts_them(tmp_path):
+    lines = our_lines(population()[:4])
+    for line in lines[1:3]:  # sessions s1 and s2, with 3 and 6 prior clicks
+        line["profile"]["clicks"] = line["profile"].pop("prior_clicks")
+    lines[3]["steps"][0]["note"] = "x"
+    write_lines(tmp_path / "t.jsonl", lines)
+    frames = load_traces(tmp_path / "t.jsonl", strict=False)
+    # what a misspelt key costs: the lenient read sees no prior clicks there (s0 has 0, s3 has 9)
+    assert frames.sessions["prior_clicks"].to_list() == [0, 0, 0, 9]
+    assert dropped_keys(tmp_path / "t.jsonl", "rollout") == {"profile.clicks": 2, "steps[].note": 1}
+    rows = our_lines(our_replay())
+    rows[4]["gt_title"] = "Mug"
+    write_lines(tmp_path / "replay.jsonl", rows)
+    assert load_replay(tmp_path / "replay.jsonl", strict=False).height == 5
+    assert dropped_keys(tmp_path / "replay.jsonl", "replay") == {"gt_title": 1}
+
+
+def test_the_trace_records_forbid_undeclared_fields():
+    with pytest.raises(ValueError, match="clicks"):
+        TraceProfile(clicks=3)
+    with pytest.raises(ValueError, match="acepted"):
+        TraceStep(screen="feed", acepted=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +19,15 @@ from flows.cli import app
 from tests.trainer.conftest import tiny_model
 from trainer.checkpoint import read_meta
 from trainer.config import OPTDSettings, TinyModelSettings, TrainSettings
-from trainer.data import INTENT_HEADING, EncodedState, StatePool, encode, load_records, prompt_ids
+from trainer.data import (
+    INTENT_HEADING,
+    EncodedState,
+    StatePool,
+    encode,
+    load_records,
+    prompt_ids,
+    records_hash,
+)
 from trainer.generation import (
     Generated,
     HFGenerator,
@@ -29,7 +38,7 @@ from trainer.generation import (
 from trainer.loop import PhaseTimer
 from trainer.models import train_tokenizer
 from trainer.optd import HiddenStates, OPTDState, build_rollouts
-from trainer.optd_run import run_optd
+from trainer.optd_run import ForeignBase, run_optd
 from trainer.run import run_sft
 from trainer.sampling import SamplingSettings
 
@@ -76,9 +85,9 @@ def lake_rows() -> list[dict[str, object]]:
     return rows
 
 
-def write_lake(root: Path) -> Path:
-    (root / "records").mkdir()
-    pq.write_table(pa.Table.from_pylist(lake_rows()), root / "records" / "part-0.parquet")
+def write_lake(root: Path, rows: list[dict[str, object]] | None = None) -> Path:
+    (root / "records").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows or lake_rows()), root / "records" / "part-0.parquet")
     return root
 
 
@@ -417,6 +426,53 @@ def test_base_may_be_an_sft_run_folder_and_anything_else_is_one_clear_error(lake
         run_optd(optd_settings(steps=1), lake, tmp_path / "x", tmp_path / "empty", progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_optd(optd_settings(steps=1), lake, tmp_path / "x", tmp_path / "missing", progress=False)
+
+
+# --- lineage: the teacher must have been trained on this lake's records ----------------------------
+
+
+def other_shoppers_lake(root: Path) -> Path:
+    """The same texts, but recorded of other shoppers: another lake's records."""
+    return write_lake(root, [{**row, "user_id": f"other-{row['user_id']}"} for row in lake_rows()])
+
+
+def test_the_records_hash_follows_the_recorded_steps_not_their_rendering(tmp_path):
+    rendered = [{**row, "prompt": row["prompt"].upper(), "intent": None} for row in lake_rows()]
+    moved = [{**row, "split": "test"} if row["session_id"] == "t4" else row for row in lake_rows()]
+    same = records_hash(write_lake(tmp_path / "same"))
+    # re-rendered prompts and re-extracted intents: the same recorded steps, the same hash
+    assert records_hash(write_lake(tmp_path / "rendered", rendered)) == same
+    # a shopper moved to the test split, or other shoppers: other records
+    assert records_hash(write_lake(tmp_path / "moved", moved)) != same
+    assert records_hash(other_shoppers_lake(tmp_path / "other")) != same
+
+
+def test_a_base_trained_on_another_lake_is_refused_naming_both_hashes(lake, sft_checkpoint, tmp_path):
+    other = other_shoppers_lake(tmp_path / "other")
+    theirs, ours = read_meta(sft_checkpoint)["records_hash"], records_hash(other)
+    assert theirs == records_hash(lake)  # the SFT run recorded the records it read
+    with pytest.raises(ForeignBase) as raised:
+        run_optd(optd_settings(steps=1), other, tmp_path / "optd", sft_checkpoint, progress=False)
+    assert f"(records_hash {theirs[:12]} there, {ours[:12]} here)" in str(raised.value)
+    assert "allow_foreign_base" in str(raised.value)
+    assert not (tmp_path / "optd" / "checkpoints").exists()  # refused before anything was trained
+
+
+def test_a_base_that_records_no_lineage_is_refused(lake, sft_checkpoint, tmp_path):
+    bare = Path(shutil.copytree(sft_checkpoint, tmp_path / "model"))  # the model folder without its run
+    with pytest.raises(ForeignBase, match="it records no records_hash"):
+        run_optd(optd_settings(steps=1), lake, tmp_path / "optd", bare, progress=False)
+
+
+def test_allow_foreign_base_distils_and_the_checkpoint_says_so(lake, sft_checkpoint, tmp_path):
+    other = other_shoppers_lake(tmp_path / "other")
+    settings = optd_settings(steps=1, allow_foreign_base=True)
+    summary = run_optd(settings, other, tmp_path / "optd", sft_checkpoint, progress=False)
+    meta = read_meta(summary.checkpoint)
+    assert (meta["foreign_base"], meta["settings"]["allow_foreign_base"]) == (True, True)
+    assert (meta["teacher_records_hash"], meta["records_hash"]) == (records_hash(lake), records_hash(other))
+    same = run_optd(optd_settings(steps=1), lake, tmp_path / "same", sft_checkpoint, progress=False)
+    assert read_meta(same.checkpoint)["foreign_base"] is False  # this lake's teacher: nothing to allow
 
 
 runner = CliRunner()
