@@ -24,7 +24,7 @@ from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.cli import app
 from synthetic.bundle import write_bundle
-from tests.trainer.conftest import tiny_model
+from tests.trainer.conftest import files, tiny_model
 from trainer.checkpoint import (
     check_resumable,
     read_meta,
@@ -166,6 +166,26 @@ def test_resume_continues_exactly(tiny_lake, tmp_path):
     # the resumed run's log is the uninterrupted one's, row for row (held-out at 0, 2, 4, 6)
     assert losses("parts") == losses("whole")
     assert rest.held_out_start == whole.held_out_start
+
+
+def test_a_used_out_is_refused_untouched_and_overwrite_replaces_its_run(tiny_lake, tmp_path):
+    out = tmp_path / "run"
+    run_sft(small(steps=4, checkpoint_every=1, eval_split="val"), tiny_lake, out, progress=False)
+    (out / "notes.txt").write_text("the owner's")
+    before = files(out)
+    shorter = small(steps=2, eval_split="val")
+    with pytest.raises(ValueError, match="holds another run"):
+        run_sft(shorter, tiny_lake, out, progress=False)
+    assert files(out) == before
+    replaced = run_sft(shorter, tiny_lake, out, progress=False, overwrite=True)
+    # the earlier run's steps 3 and 4 sort after the new run's 2: none of them is left to prune it
+    final = out / "checkpoints" / "step-000002"
+    assert replaced.checkpoint == str(final) and (final / "model.safetensors").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]  # the new run's rows only
+    assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(final)
+    assert (out / "notes.txt").read_text() == "the owner's"
 
 
 def test_resume_refuses_changed_settings(tiny_lake, tmp_path):
