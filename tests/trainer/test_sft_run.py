@@ -245,10 +245,36 @@ def test_cli_trains_sft_end_to_end(prefect_harness, tiny_lake, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(final).config.vocab_size == 448  # 400 tokens padded to 7 x 64
     resumed = runner.invoke(app, [*args, "--resume"])
     assert resumed.exit_code == 0, resumed.output  # nothing left to train: the same final checkpoint
+    before = files(out)
+    again = runner.invoke(app, args)  # a new run into the used --out: one line, and the run untouched
+    assert again.exit_code == 1 and one_stopped_line(again.output)
+    assert str(out) in again.output and "--resume" in again.output and "--overwrite" in again.output
+    assert files(out) == before
+    replaced = runner.invoke(app, [*args, "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert (
+        f"checkpoint: {final}" in replaced.output.replace("\n", "")
+        and (final / "model.safetensors").is_file()
+    )
     optd = runner.invoke(
         app, ["train", "--lake", str(tiny_lake), "--stage", "optd", "--out", str(tmp_path / "o")]
     )
     assert optd.exit_code == 1 and "needs --base" in optd.output
+
+
+def test_cli_refuses_an_out_it_cannot_write_in_before_any_work(tiny_lake, tmp_path):
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "file", tmp_path / "file" / "run"):
+        refused = runner.invoke(app, ["train", "--lake", str(tiny_lake), "--stage", "sft", "--out", str(out)])
+        assert refused.exit_code == 1 and one_stopped_line(refused.output), refused.output
+        assert str(out) in refused.output
+    args = ["train", "--lake", str(tiny_lake), "--stage", "sft", "--out", str(tmp_path / "new")]
+    both = runner.invoke(app, [*args, "--resume", "--overwrite"])
+    assert both.exit_code == 1 and one_stopped_line(both.output) and "pass one of them" in both.output
+
+
+def one_stopped_line(output: str) -> bool:
+    return output.startswith("stopped: ") and output.count("\n") == 1 and "Traceback" not in output
 
 
 def foreign_checkpoint(folder: Path, texts: list[str]) -> Path:
