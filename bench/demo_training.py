@@ -51,7 +51,10 @@ def evaluations(run: Path) -> list[dict[str, Any]]:
 def one(lake: Path, out: Path, name: str, values: dict[str, Any], optd: bool) -> dict[str, Any]:
     settings = TrainSettings(**merged(DEMO_TRAINING, values))
     started = time.perf_counter()
-    summary = run_sft(settings, lake, out / name / "sft", progress=False, judge=ScreenJudge(lake))
+    # the demo's run folders are its own: a rerun replaces its runs
+    summary = run_sft(
+        settings, lake, out / name / "sft", progress=False, judge=ScreenJudge(lake), overwrite=True
+    )
     result: dict[str, Any] = {
         "name": name,
         "values": values,
@@ -64,7 +67,7 @@ def one(lake: Path, out: Path, name: str, values: dict[str, Any], optd: bool) ->
         started = time.perf_counter()
         chosen = optd_settings(merged(DEMO_TRAINING, values), DEMO_OPTD)
         distilled = run_optd(chosen, lake, out / name / "optd", summary.checkpoint, progress=False,
-                             judge=ScreenJudge(lake))  # fmt: skip
+                             judge=ScreenJudge(lake), overwrite=True)  # fmt: skip
         result["optd"] = {
             "wall_s": round(time.perf_counter() - started, 1),
             "seconds": distilled.seconds,

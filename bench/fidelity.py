@@ -192,10 +192,11 @@ def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
     judge, root, seconds = ScreenJudge(lake), work / f"seed-{seed}", {}
     train = sft_values(size, seed)
     started = time.perf_counter()
-    teacher = run_sft(TrainSettings(**train), lake, root / "sft", progress=False, judge=judge)
+    # the study's run folders are its own: a rerun replaces its runs
+    teacher = run_sft(TrainSettings(**train), lake, root / "sft", progress=False, judge=judge, overwrite=True)
     intent_values = merged(train, size.intent_teacher)
     intent = run_sft(TrainSettings(**intent_values), lake, root / "intent-teacher", base=teacher.checkpoint,
-                     progress=False, judge=judge)  # fmt: skip
+                     progress=False, judge=judge, overwrite=True)  # fmt: skip
     seconds["sft"] = time.perf_counter() - started
     checkpoints, run_dirs = {"sft": teacher.checkpoint}, {"sft": str(root / "sft")}
     diagnostics = {"sft": sft_diagnostics(teacher)}
@@ -205,7 +206,7 @@ def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
         source = intent.checkpoint if arm == "optd_intent_teacher" else teacher.checkpoint
         settings = optd_settings(train, merged(optd, variant))
         summary = run_optd(settings, lake, root / arm, source, progress=False, judge=judge,
-                           student=teacher.checkpoint)  # fmt: skip
+                           student=teacher.checkpoint, overwrite=True)  # fmt: skip
         checkpoints[arm], run_dirs[arm] = summary.checkpoint, str(root / arm)
         diagnostics[arm] = optd_diagnostics(summary)
         seconds[arm] = time.perf_counter() - started

@@ -630,16 +630,17 @@ class Worker:
         if arm == "sft":
             base = None if self.base == "tiny" else self.base
             summary = run_sft(TrainSettings(**(values["sft"] | here)), lake, run_dir, base=base,
-                              progress=False, judge=judge)  # fmt: skip
+                              progress=False, judge=judge, overwrite=True)  # fmt: skip
         elif arm == "intent_teacher":
             teacher = self.needed("train", "sft")["checkpoint"]
             summary = run_sft(TrainSettings(**(values["intent_teacher"] | here)), lake, run_dir,
-                              base=teacher, progress=False, judge=judge)  # fmt: skip
+                              base=teacher, progress=False, judge=judge, overwrite=True)  # fmt: skip
         else:
             teacher = self.needed("train", ARM_OF_TEACHER.get(arm, "sft"))["checkpoint"]
             student = self.needed("train", "sft")["checkpoint"]
             settings = optd_settings(values["sft"] | here, values["optd"][arm])
-            summary = run_optd(settings, lake, run_dir, teacher, progress=False, judge=judge, student=student)
+            summary = run_optd(settings, lake, run_dir, teacher, progress=False, judge=judge, student=student,
+                               overwrite=True)  # fmt: skip
         return {"checkpoint": summary.checkpoint, "run_dir": str(run_dir), "summary": asdict(summary)}
 
     def simulator(self, checkpoint: str) -> Simulator:

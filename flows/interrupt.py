@@ -24,15 +24,23 @@ KEPT_ON_INTERRUPT: dict[str, str] = {
     "run": "the stages that finished are in the lake; the stage cut short left its previous tables",
     "synth": "the raw bundle is written aside and moved into place only when complete",
     "serve": "the served deployments stay registered, their schedules paused until served again",
+    "train": "the run's newest checkpoints stay in --out",
 }
 KEPT_BY_A_STAGE = "the lake keeps its previous tables: a stage swaps its tables in only when complete"
+#: how a command cut short continues where running it again as it was would not (train refuses
+#: an --out holding a run, unless told to continue it)
+CONTINUED_BY: dict[str, str] = {
+    "train": "run the same `trajforge train` command with --resume added to continue from the newest "
+    "checkpoint (cut short before the first one: with --overwrite to start over)",
+}
 
 
 def interrupted_line(command: str | None) -> str:
     """The one line printed when Ctrl-C ends ``command``: what was kept and how to resume."""
     kept = KEPT_ON_INTERRUPT.get(command or "", KEPT_BY_A_STAGE)
     again = f"`trajforge {command}`" if command else "the command"
-    return f"interrupted: {kept}; run {again} again with the same options to resume"
+    continued = CONTINUED_BY.get(command or "", f"run {again} again with the same options to resume")
+    return f"interrupted: {kept}; {continued}"
 
 
 class _SubprocessInOwnSession:

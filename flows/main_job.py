@@ -107,9 +107,17 @@ def main_job_flow(
     lake = str(root / "lake")
     records = records or demo_records()
     dataset = pipeline_flow(raw, lake, settings=settings, extract=extract, records=records)
-    teacher = train_flow(lake, str(root / "train" / "sft"), stage="sft", settings=train or demo_training())
+    # the job's run folders are its own: a rerun replaces its runs, as its stages replace the lake's tables
+    teacher = train_flow(
+        lake, str(root / "train" / "sft"), stage="sft", settings=train or demo_training(), overwrite=True
+    )
     checkpoint = train_flow(
-        lake, str(root / "train" / "optd"), stage="optd", base=teacher, settings=optd or demo_optd()
+        lake,
+        str(root / "train" / "optd"),
+        stage="optd",
+        base=teacher,
+        settings=optd or demo_optd(),
+        overwrite=True,
     )
     evaluation = evaluate_flow(
         lake,

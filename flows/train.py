@@ -20,6 +20,7 @@ from rich.markup import escape
 from flows.settings import load_settings, toml_section
 from flows.training_artifacts import publish_training_progress
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
+from trainer.run_folder import check_run_folder
 
 Stage = Literal["sft", "optd"]
 
@@ -41,7 +42,9 @@ def progress(out: str, stage: str) -> Callable[[dict[str, Any]], None]:
 
 
 @task(name="train-sft", cache_policy=NO_CACHE)
-def sft_task(lake: str, out: str, base: str | None, settings: TrainSettings, resume: bool) -> dict[str, Any]:
+def sft_task(
+    lake: str, out: str, base: str | None, settings: TrainSettings, resume: bool, overwrite: bool = False
+) -> dict[str, Any]:
     from trainer.run import run_sft  # torch loads when a run starts, not with the command line
 
     summary = run_sft(
@@ -50,6 +53,7 @@ def sft_task(lake: str, out: str, base: str | None, settings: TrainSettings, res
         out,
         base=base,
         resume=resume,
+        overwrite=overwrite,
         judge=screen_judge(lake),
         on_evaluation=progress(out, "sft"),
     )
@@ -57,7 +61,9 @@ def sft_task(lake: str, out: str, base: str | None, settings: TrainSettings, res
 
 
 @task(name="train-optd", cache_policy=NO_CACHE)
-def optd_task(lake: str, out: str, base: str, settings: OPTDSettings, resume: bool) -> dict[str, Any]:
+def optd_task(
+    lake: str, out: str, base: str, settings: OPTDSettings, resume: bool, overwrite: bool = False
+) -> dict[str, Any]:
     from trainer.optd_run import run_optd
 
     summary = run_optd(
@@ -66,6 +72,7 @@ def optd_task(lake: str, out: str, base: str, settings: OPTDSettings, resume: bo
         out,
         base,
         resume=resume,
+        overwrite=overwrite,
         judge=screen_judge(lake),
         on_evaluation=progress(out, "optd"),
     )
@@ -144,15 +151,17 @@ def train_flow(
     base: str | None = None,
     settings: TrainSettings | OPTDSettings | None = None,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> str:
     """Train ``stage`` on ``lake``'s records into ``out``; returns the final checkpoint folder.
 
     ``sft`` starts from ``base`` (a pretrained folder) or the tiny default; ``optd`` needs
     ``base``: the SFT checkpoint or run folder, frozen as the teacher and copied as the student's
-    start. ``settings``: ``TrainSettings`` for sft, ``OPTDSettings`` for optd.
+    start. ``settings``: ``TrainSettings`` for sft, ``OPTDSettings`` for optd. An ``out`` holding
+    another run is refused unless ``resume`` continues it or ``overwrite`` replaces it.
     """
     if stage == "sft":
-        summary = sft_task(lake, out, base, settings or TrainSettings(), resume)
+        summary = sft_task(lake, out, base, settings or TrainSettings(), resume, overwrite)
     elif base is None:
         raise StageNotAvailable("--stage optd needs --base: the SFT checkpoint (teacher and student start)")
     else:
@@ -161,21 +170,27 @@ def train_flow(
             if isinstance(settings, OPTDSettings)
             else optd_settings(settings.model_dump() if settings else None)
         )
-        summary = optd_task(lake, out, base, chosen, resume)
+        summary = optd_task(lake, out, base, chosen, resume, overwrite)
     get_run_logger().info("%s", held_out_markdown(summary))
     record_run(stage, summary)
     return summary["checkpoint"]
 
 
 def train_alongside(
-    stage: Stage, lake: Path, out: Path, base: Path | None, settings: TrainSettings, resume: bool
+    stage: Stage,
+    lake: Path,
+    out: Path,
+    base: Path | None,
+    settings: TrainSettings,
+    resume: bool,
+    overwrite: bool,
 ) -> None:
     """A rank other than 0's part of the run: the stage's training itself, outside Prefect."""
     paths = str(lake.resolve()), str(out.resolve())
     if stage == "sft":
-        sft_task.fn(*paths, str(base.resolve()) if base else None, settings, resume)
+        sft_task.fn(*paths, str(base.resolve()) if base else None, settings, resume, overwrite)
     elif base is not None:  # without it rank 0 stops the run with the reason
-        optd_task.fn(*paths, str(base.resolve()), settings, resume)
+        optd_task.fn(*paths, str(base.resolve()), settings, resume, overwrite)
 
 
 def train_command(
@@ -202,6 +217,14 @@ def train_command(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the newest checkpoint in --out")
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="replace the run in --out: its checkpoints, trainer_state, metrics, curves and summary "
+            "are removed first",
+        ),
+    ] = False,
 ) -> None:
     """Train the simulator on the lake's records: SFT warm-up (sft) or on-policy distillation (optd)."""
     console = Console()
@@ -215,12 +238,13 @@ def train_command(
     if int(os.environ.get("RANK", "0")) > 0:
         # under torchrun rank 0 runs the flow (logs, artifact, summary); the others train beside it, quietly
         try:
-            train_alongside(stage, lake, out, base, settings, resume)  # type: ignore[arg-type]
+            train_alongside(stage, lake, out, base, settings, resume, overwrite)  # type: ignore[arg-type]
         except (FileNotFoundError, ValueError):
             raise typer.Exit(1) from None  # rank 0 meets the same error and says it
         return
     started = time.perf_counter()
     try:
+        check_run_folder(out, resume, overwrite)  # before Prefect and torch start: said in a second
         checkpoint = train_flow(
             str(lake.resolve()),
             str(out.resolve()),
@@ -228,6 +252,7 @@ def train_command(
             base=str(base.resolve()) if base else None,
             settings=settings,
             resume=resume,
+            overwrite=overwrite,
         )
     except (StageNotAvailable, FileNotFoundError, ValueError) as err:
         console.print(f"[red]stopped:[/red] {escape(str(err))}", soft_wrap=True)

@@ -4,9 +4,10 @@
 config, generation config (the protocol's sampling), tokenizer, chat template and a model card
 ``README.md`` (``from_pretrained``, vLLM and the Hub take it as it is). ``OUT/trainer_state/step-000040/``
 holds ``trainer_state.pt`` (optimizer, scheduler, every rank's RNG states) and ``trainer.json`` (step,
-number of ranks, sampler position, exact settings, data hash). Both are written under temporary
-names and renamed, the state first and the model folder last, so a model folder that exists is
-complete and has its state.
+number of ranks, sampler position, exact settings, data hash, and the run: an id a new run draws and a
+resumed one keeps). Both are written under temporary names and renamed, the state first and the model
+folder last, so a model folder that exists is complete and has its state. Pruning removes only the
+steps of the run that saves.
 
 Under ``torchrun`` every rank takes part: the weights and the optimizer state are gathered
 whole from the shards (FSDP2) or taken from rank 0's replica (DDP), so the folder is the same
@@ -37,6 +38,7 @@ from trainer.distributed import World, broadcast_from_main, gather_to_main
 from trainer.loop import rng_state, set_rng_state
 from trainer.model_card import model_card
 from trainer.models import save_model
+from trainer.run_folder import CHECKPOINTS_DIR, STATES_DIR, discard
 
 FOLDER = re.compile(r"^step-(\d{6,})$")
 STATE_FILE, META_FILE, CARD_FILE = "trainer_state.pt", "trainer.json", "README.md"
@@ -53,11 +55,11 @@ class Resumed:
 
 
 def checkpoints_dir(out: str | Path) -> Path:
-    return Path(out) / "checkpoints"
+    return Path(out) / CHECKPOINTS_DIR
 
 
 def states_dir(out: str | Path) -> Path:
-    return Path(out) / "trainer_state"
+    return Path(out) / STATES_DIR
 
 
 def state_folder(checkpoint: str | Path) -> Path:
@@ -93,7 +95,7 @@ def save_checkpoint(
     keep: int,
     world: World = ALONE,
 ) -> Path | None:
-    """Write step ``step``'s model folder and its state atomically; keep the newest ``keep`` steps.
+    """Write step ``step``'s model folder and its state atomically; keep its run's newest ``keep`` steps.
 
     ``meta`` goes to ``trainer.json`` and, with the step, to the model card. Every rank calls it (the
     gathers are collective); rank 0 writes and returns the model folder, the others return None.
@@ -121,27 +123,40 @@ def save_checkpoint(
     discard(final_state)
     os.replace(staging_state, final_state)
     os.replace(staging, final)
-    prune(out, keep)
+    prune(out, keep, record.get("run"), step)
     return final
 
 
-def discard(folder: Path) -> None:
-    """Remove ``folder`` by first renaming it out of sight: a half-removed folder is never taken for one."""
-    if folder.exists():
-        gone = folder.with_name(f".{folder.name}.old")
-        shutil.rmtree(gone, ignore_errors=True)
-        os.replace(folder, gone)
-        shutil.rmtree(gone, ignore_errors=True)
+def prune(out: str | Path, keep: int, run: str | None, written: int) -> None:
+    """Keep run ``run``'s newest ``keep`` complete steps up to ``written``, the step just saved (so it is
+    always kept); remove that run's other steps before it, both halves (a state left alone by an
+    interrupted save included).
+
+    A step is the run's when its ``trainer.json`` names the run. Steps of other runs, steps after
+    ``written`` and folders without a readable state are left as they are: a folder can hold step
+    folders no run of this process wrote, and sorting them in with its own would remove its own.
+    """
+    ours = {step: state for step, state in states_of_run(out, run).items() if step <= written}
+    complete = sorted(step for step, state in ours.items() if (checkpoints_dir(out) / state.name).is_dir())
+    kept = {written, *complete[-keep:]}
+    for step, state in ours.items():
+        if step not in kept:
+            discard(checkpoints_dir(out) / state.name)  # the model folder first, as a save removes it
+            discard(state)
 
 
-def prune(out: str | Path, keep: int) -> None:
-    """Keep the newest ``keep`` complete steps, model folder and state; remove every other step's halves
-    (a half left alone by an interrupted save included)."""
-    kept = {step for step, _ in step_folders(out)[-keep:]}
-    for root in (checkpoints_dir(out), states_dir(out)):
-        for step, folder in steps_in(root).items():
-            if step not in kept:
-                discard(folder)
+def states_of_run(out: str | Path, run: str | None) -> dict[int, Path]:
+    """The state folders, by step, whose ``trainer.json`` names run ``run`` (None: records from before
+    runs were named, which all share it)."""
+    ours = {}
+    for step, state in steps_in(states_dir(out)).items():
+        try:
+            meta = json.loads((state / META_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # no record of whose it is: not this run's to remove
+        if meta.get("run") == run:
+            ours[step] = state
+    return ours
 
 
 def without_tied_copies(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -57,9 +57,11 @@ from trainer.run import (
     intent_gain,
     previously_prepared,
     resolve_checkpoint,
+    resume_point,
     run_folder_of,
     with_sums_over_ranks,
 )
+from trainer.run_folder import check_run_folder
 
 if TYPE_CHECKING:
     from trainer.config import OPTDSettings
@@ -318,24 +320,23 @@ def run_optd(
     judge: ResponseJudge | None = None,
     on_evaluation: EvaluationHook | None = None,
     student: str | Path | None = None,
+    overwrite: bool = False,
 ) -> TrainSummary:
     """``settings.steps`` OPTD updates from the SFT checkpoint ``base`` (teacher and student start).
 
     ``base`` may be the SFT run folder (its newest checkpoint). ``student``: another checkpoint for
     the student to start from (with the teacher's tokenizer), e.g. the plain SFT model distilled from
     a teacher that learnt to read intents. ``resume`` continues from the newest checkpoint in ``out``
-    exactly (same settings, data, teacher and intents); ``stop_after`` ends this call after that
-    update, with a checkpoint.
+    exactly (same settings, data, teacher and intents); ``overwrite`` replaces the run ``out`` holds,
+    which is refused without one of the two; ``stop_after`` ends this call after that update, with a
+    checkpoint.
     """
-    from trainer.checkpoint import latest
-
     require_generator(settings.generator)  # a missing engine is the first thing said, before any path
     out = Path(out)
+    check_run_folder(out, resume, overwrite)
     teacher = resolve_checkpoint(base)
     start = resolve_checkpoint(student, "--student") if student is not None else teacher
-    resume_from = latest(out) if resume else None
-    if resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    resume_from = resume_point(out) if resume else None
     run = OPTDRun(settings, lake, out, teacher, resume_from or start, judge, on_evaluation)
     run.meta["student_start"] = str(start)
-    return run.fit(resume_from, stop_after, progress)
+    return run.fit(resume_from, stop_after, progress, overwrite)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer.checkpoint import check_resumable, latest, read_meta, restore_training_state, save_checkpoint
+from trainer.checkpoint import (
+    check_resumable,
+    checkpoints_dir,
+    latest,
+    read_meta,
+    restore_training_state,
+    save_checkpoint,
+)
 from trainer.curves import write_training_curves
 from trainer.data import (
     Batch,
@@ -78,6 +86,7 @@ from trainer.models import (
 )
 from trainer.optd import HiddenStates
 from trainer.prepared import PREPARED_FILE, load_prepared, save_prepared
+from trainer.run_folder import SUMMARY_FILE, check_run_folder, start_afresh
 from trainer.sft import SFTObjective, held_out_loss, state_nll
 from trainer.tensorboard_log import tensorboard_mirrors
 
@@ -138,7 +147,7 @@ def resolve_checkpoint(path: str | Path, what: str = "--base") -> Path:
 
 def run_folder_of(checkpoint: Path) -> Path | None:
     """The run folder a trajforge checkpoint sits in (``RUN/checkpoints/step-N``), or None."""
-    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / "summary.json").exists():
+    if checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / SUMMARY_FILE).exists():
         return checkpoint.parent.parent
     return None
 
@@ -273,6 +282,7 @@ class TrainingRun:
         """What every checkpoint records (trainer.json, the model card): settings, data, held-out users."""
         return {
             "stage": self.stage,
+            "run": uuid.uuid4().hex,  # whose checkpoints pruning may remove; a resume keeps the saved one
             "settings": settings_json(self.settings),
             "data_hash": data_hash(self.pool.records, tokenizer_fingerprint(self.tokenizer)),
             "lake": str(self.lake),
@@ -443,6 +453,7 @@ class TrainingRun:
         restore_training_state(folder, self.model, self.trainer.optimizer, self.trainer.scheduler, self.world)
         self.sampler.load_state_dict(meta["sampler"])
         self.trainer.updates = meta["step"]
+        self.meta["run"] = meta.get("run")
         self.meta["held_out_start"] = meta.get("held_out_start")
         return meta["step"]
 
@@ -462,14 +473,23 @@ class TrainingRun:
         return row
 
     def fit(
-        self, resume_from: Path | None = None, stop_after: int | None = None, progress: bool = True
+        self,
+        resume_from: Path | None = None,
+        stop_after: int | None = None,
+        progress: bool = True,
+        overwrite: bool = False,
     ) -> TrainSummary:
-        """Updates up to ``settings.steps`` (or ``stop_after``), evaluations, checkpoints, the summary."""
+        """Updates up to ``settings.steps`` (or ``stop_after``), evaluations, checkpoints, the summary.
+
+        A new run (no ``resume_from``) refuses an ``out`` holding another run, unless ``overwrite``:
+        then that run's outputs are removed first."""
         s = self.settings
         start = self.restore(resume_from) if resume_from else 0
         # one writer: the other ranks' updates are the same update, and their file would race rank 0's
         metrics = None
         if self.world.is_main:
+            if resume_from is None:
+                start_afresh(self.out, overwrite)
             resumed_at = start if resume_from else None
             mirrors = tensorboard_mirrors(self.out, resumed_at)
             metrics = MetricsLog(self.out / "metrics.jsonl", resume_from=resumed_at, mirrors=mirrors)
@@ -500,7 +520,7 @@ class TrainingRun:
         if metrics:
             metrics.close()
             save_prepared(self.out / PREPARED_FILE, self.pool, self.tokenizer)
-            (self.out / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+            (self.out / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=2))
             write_training_curves(self.out, self.stage)
         return summary
 
@@ -568,23 +588,35 @@ def run_sft(
     progress: bool = True,
     judge: ResponseJudge | None = None,
     on_evaluation: EvaluationHook | None = None,
+    overwrite: bool = False,
 ) -> TrainSummary:
     """Train ``settings.steps`` updates on the lake's gold responses; return where the checkpoint is.
 
     ``base``: a pretrained model folder or a run folder (its newest checkpoint); the tiny default
     without one. ``resume`` continues from the newest checkpoint in ``out`` exactly (same settings
-    and data required; ``base`` is then only recorded); ``stop_after`` ends this call after that
-    update, with a checkpoint. ``judge`` checks sampled held-out responses on their screens.
+    and data required; ``base`` is then only recorded); ``overwrite`` replaces the run ``out`` holds,
+    which is refused without one of the two; ``stop_after`` ends this call after that update, with a
+    checkpoint. ``judge`` checks sampled held-out responses on their screens.
     """
     out = Path(out)
-    resume_from = latest(out) if resume else None
-    if resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    check_run_folder(out, resume, overwrite)
+    resume_from = resume_point(out) if resume else None
     base = resolve_checkpoint(base) if base is not None else None
     run = TrainingRun(settings, lake, out, resume_from or base, judge, on_evaluation)
     if base is not None:
         run.meta["base"] = str(base)
-    return run.fit(resume_from, stop_after, progress)
+    return run.fit(resume_from, stop_after, progress, overwrite)
+
+
+def resume_point(out: Path) -> Path:
+    """The newest checkpoint in ``out``, where ``--resume`` continues; FileNotFoundError without one."""
+    newest = latest(out)
+    if newest is None:
+        raise FileNotFoundError(
+            f"--resume: no checkpoint under {checkpoints_dir(out)} to continue from; "
+            "--overwrite starts the run over"
+        )
+    return newest
 
 
 def previously_prepared(run_dir: Path | None, pool: StatePool, tokenizer: PreTrainedTokenizerBase) -> int:

@@ -74,6 +74,14 @@ def test_the_line_names_the_command_to_rerun():
     assert interrupted_line(None).startswith("interrupted: the lake keeps its previous tables")
 
 
+def test_an_interrupted_train_is_continued_with_resume():
+    # train run again as it was refuses the --out its interrupted run left: --resume continues that run
+    line = interrupted_line("train")
+    assert "checkpoints stay in --out" in line
+    assert "the same `trajforge train` command with --resume added" in line
+    assert "again with the same options" not in line
+
+
 def test_prefect_starts_its_server_outside_the_terminals_process_group():
     from prefect.server.api import server
 

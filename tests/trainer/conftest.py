@@ -62,6 +62,11 @@ def states(train_records, tokenizer):
     return encoded
 
 
+def files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by its path relative to it, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def tiny_model(tokenizer, seed: int = 0, spec: TinyModelSpec = TINY):
     torch.manual_seed(seed)
     return build_tiny_model(tokenizer, spec)

@@ -206,8 +206,26 @@ def test_pruning_removes_both_halves_and_a_step_needs_both_to_count(tokenizer, t
     shutil.rmtree(states / "step-000003")
     assert latest(tmp_path) == models / "step-000002"
     save(tmp_path, 5, parts, keep=2)
-    # the newest two whole steps are 2 and 5; step 3's lone model folder and step 4's lone state go
-    assert names(models) == names(states) == ["step-000002", "step-000005"]
+    # the newest two whole steps are 2 and 5; step 4's lone state goes. Step 3's lone model folder stays:
+    # without its state nothing says which run it is, and pruning removes only the saving run's steps
+    assert names(states) == ["step-000002", "step-000005"]
+    assert names(models) == ["step-000002", "step-000003", "step-000005"]
+
+
+def test_pruning_removes_only_the_saving_runs_steps_and_keeps_the_one_it_wrote(tokenizer, tmp_path):
+    # an 8-update run left its steps 6 and 8 here, and someone a step folder of no run at all
+    model, optimizer, scheduler = trained(tokenizer)
+    parts = (model, tokenizer, optimizer, scheduler)
+    for step in (6, 8):
+        save(tmp_path, step, parts, meta=META | {"run": "earlier"}, keep=2)
+    (tmp_path / "checkpoints" / "step-000009").mkdir()
+    # a 2-update run keeping one checkpoint: sorted in with the earlier run's, its own would be the oldest
+    for step in (1, 2):
+        final = save(tmp_path, step, parts, meta=META | {"run": "this"}, keep=1)
+    assert final == tmp_path / "checkpoints" / "step-000002" and set(names(final)) == MODEL_FILES
+    assert read_meta(final)["run"] == "this"
+    assert names(tmp_path / "checkpoints") == ["step-000002", "step-000006", "step-000008", "step-000009"]
+    assert names(tmp_path / "trainer_state") == ["step-000002", "step-000006", "step-000008"]
 
 
 def test_the_state_is_in_place_before_the_model_folder_appears(tokenizer, tmp_path, monkeypatch):

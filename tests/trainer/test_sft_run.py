@@ -24,7 +24,7 @@ from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.cli import app
 from synthetic.bundle import write_bundle
-from tests.trainer.conftest import tiny_model
+from tests.trainer.conftest import files, tiny_model
 from trainer.checkpoint import (
     check_resumable,
     read_meta,
@@ -168,6 +168,26 @@ def test_resume_continues_exactly(tiny_lake, tmp_path):
     assert rest.held_out_start == whole.held_out_start
 
 
+def test_a_used_out_is_refused_untouched_and_overwrite_replaces_its_run(tiny_lake, tmp_path):
+    out = tmp_path / "run"
+    run_sft(small(steps=4, checkpoint_every=1, eval_split="val"), tiny_lake, out, progress=False)
+    (out / "notes.txt").write_text("the owner's")
+    before = files(out)
+    shorter = small(steps=2, eval_split="val")
+    with pytest.raises(ValueError, match="holds another run"):
+        run_sft(shorter, tiny_lake, out, progress=False)
+    assert files(out) == before
+    replaced = run_sft(shorter, tiny_lake, out, progress=False, overwrite=True)
+    # the earlier run's steps 3 and 4 sort after the new run's 2: none of them is left to prune it
+    final = out / "checkpoints" / "step-000002"
+    assert replaced.checkpoint == str(final) and (final / "model.safetensors").is_file()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002"]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]  # the new run's rows only
+    assert json.loads((out / "summary.json").read_text())["checkpoint"] == str(final)
+    assert (out / "notes.txt").read_text() == "the owner's"
+
+
 def test_resume_refuses_changed_settings(tiny_lake, tmp_path):
     run_sft(small(steps=4, eval_split="val"), tiny_lake, tmp_path / "run", stop_after=2, progress=False)
     with pytest.raises(ValueError, match="settings differ from the checkpoint's in lr"):
@@ -225,10 +245,36 @@ def test_cli_trains_sft_end_to_end(prefect_harness, tiny_lake, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(final).config.vocab_size == 448  # 400 tokens padded to 7 x 64
     resumed = runner.invoke(app, [*args, "--resume"])
     assert resumed.exit_code == 0, resumed.output  # nothing left to train: the same final checkpoint
+    before = files(out)
+    again = runner.invoke(app, args)  # a new run into the used --out: one line, and the run untouched
+    assert again.exit_code == 1 and one_stopped_line(again.output)
+    assert str(out) in again.output and "--resume" in again.output and "--overwrite" in again.output
+    assert files(out) == before
+    replaced = runner.invoke(app, [*args, "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert (
+        f"checkpoint: {final}" in replaced.output.replace("\n", "")
+        and (final / "model.safetensors").is_file()
+    )
     optd = runner.invoke(
         app, ["train", "--lake", str(tiny_lake), "--stage", "optd", "--out", str(tmp_path / "o")]
     )
     assert optd.exit_code == 1 and "needs --base" in optd.output
+
+
+def test_cli_refuses_an_out_it_cannot_write_in_before_any_work(tiny_lake, tmp_path):
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "file", tmp_path / "file" / "run"):
+        refused = runner.invoke(app, ["train", "--lake", str(tiny_lake), "--stage", "sft", "--out", str(out)])
+        assert refused.exit_code == 1 and one_stopped_line(refused.output), refused.output
+        assert str(out) in refused.output
+    args = ["train", "--lake", str(tiny_lake), "--stage", "sft", "--out", str(tmp_path / "new")]
+    both = runner.invoke(app, [*args, "--resume", "--overwrite"])
+    assert both.exit_code == 1 and one_stopped_line(both.output) and "pass one of them" in both.output
+
+
+def one_stopped_line(output: str) -> bool:
+    return output.startswith("stopped: ") and output.count("\n") == 1 and "Traceback" not in output
 
 
 def foreign_checkpoint(folder: Path, texts: list[str]) -> Path:
