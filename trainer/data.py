@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import torch
@@ -414,10 +415,10 @@ def records_hash(lake: str | Path) -> str:
     table = dataset.to_table(columns=RECORD_IDENTITY).sort_by(
         [("mode", "ascending"), ("record_id", "ascending")]
     )
-    digest = hashlib.sha256()
-    for row in zip(*(table.column(name).to_pylist() for name in RECORD_IDENTITY), strict=True):
-        digest.update("\x00".join("" if value is None else str(value) for value in row).encode() + b"\x01")
-    return digest.hexdigest()
+    # each row's fields joined by NUL (a missing one empty), every row ended by \x01, hashed as one text
+    fields = [pc.fill_null(pc.cast(table.column(name), pa.string()), "") for name in RECORD_IDENTITY]
+    rows = pc.binary_join_element_wise(*fields, "\x00").to_pylist()
+    return hashlib.sha256(("\x01".join(rows) + "\x01").encode()).hexdigest()
 
 
 def intents_hash(records: Sequence[RecordText]) -> str:

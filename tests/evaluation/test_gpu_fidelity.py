@@ -16,27 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.hidden_modules import hiding
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 # what the lent GPU machine lacks (GPU.md, KINDS.md; pandas is there, but nothing here may need it);
 # pydantic is allowed: the prepared folder carries its wheels
 ABSENT = ("polars", "duckdb", "prefect", "great_expectations", "pandas")
-# Hides ABSENT from the path finder, so `import` fails and importlib.util.find_spec says None, as on a
-# machine without them. As sitecustomize on PYTHONPATH it holds in every interpreter the command starts,
-# its worker processes too.
-BLOCKER = f"""
-import sys
-from importlib.machinery import PathFinder
-ABSENT = {ABSENT!r}
-
-class Absent(PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        return None if name.partition(".")[0] in ABSENT else super().find_spec(name, path, target)
-
-sys.meta_path[:] = [Absent if finder is PathFinder else finder for finder in sys.meta_path]
-"""
 # the modules the GPU command runs on (its own imports and the workers'), none of which may need ABSENT
 GPU_PATH = (
     "gpu_fidelity",
@@ -68,9 +55,10 @@ METRICS = {"RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-J
 
 
 def blocked_env(folder: Path, also: tuple[str, ...] = ()) -> dict[str, str]:
-    """The environment of an interpreter without ABSENT (and ``also``): a sitecustomize in ``folder``."""
+    """The environment of an interpreter without ABSENT (and ``also``): a sitecustomize in ``folder`` on
+    PYTHONPATH, so it holds in every interpreter the command starts, its worker processes too."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(BLOCKER.replace(repr(ABSENT), repr((*ABSENT, *also))))
+    (folder / "sitecustomize.py").write_text(hiding((*ABSENT, *also)))
     return {**os.environ, "PYTHONPATH": os.pathsep.join((str(folder), str(ROOT))), "OMP_NUM_THREADS": "1"}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.hidden_modules import hiding
 from trainer.data import collate
 from trainer.loop import PhaseTimer, Trainer, adam
 from trainer.optd import HiddenStates, OPTDObjective, Rollout
@@ -47,21 +48,8 @@ TORCH_ONLY = (
     "trainer.models",
     "trainer.sampling",
 )
-# Hides ABSENT from the path finder, so `import` fails and importlib.util.find_spec says None, as on a
-# machine without them (None entries in sys.modules would make find_spec's callers, pyarrow's pandas
-# probe among them, trip over a None module instead).
-WITHOUT_DATA_STACK = f"""
-import json, runpy, sys
-from importlib.machinery import PathFinder
-ABSENT = {ABSENT!r}
-
-class Absent(PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        return None if name.partition(".")[0] in ABSENT else super().find_spec(name, path, target)
-
-sys.meta_path[:] = [Absent if finder is PathFinder else finder for finder in sys.meta_path]
-"""
+#: an interpreter without ABSENT, then json and runpy for the body (REPORT_MODULES uses both)
+WITHOUT_DATA_STACK = hiding(ABSENT) + "import json, runpy\n"
 REPORT_MODULES = """
 loaded = sorted(name for name in sys.modules if name.partition(".")[0] in (*ABSENT, "trainer"))
 print("modules:", json.dumps(loaded))
