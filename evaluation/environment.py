@@ -12,9 +12,10 @@ on that observation by ``transforms.prompts.judge_response`` (the renderer's own
 
 Detail pages (the lake records no page layout, so its geometry is configuration):
 the page is ``PageLayout.height`` px tall (or the catalog's ``page_height``), with
-the review preview block (alias ``C1``) at ``review_block_at`` of its height; replay
-(``assume_layout=False``) shows a page without a catalog height as the training
-prompts do: no known bottom, its review block at every offset. Panels
+the review preview block (alias ``C1``) at ``review_block_at`` of its height. Rollout
+and replay lay pages out alike, so the main page shows ``C1`` only while the preview
+overlaps the viewport; replay widens a seated page only where its record says more
+(``widen_to``). Panels
 follow the reference environment: ``ipv_click_param`` opens the specifications
 panel, ``ipv_enter_comment`` / ``ipv_click_comment`` the review list, and every
 other detail-page action first returns to the main page (closing both); the page
@@ -122,28 +123,34 @@ class PageState:
 
     item: CatalogItem
     pictures: int
-    max_scroll: float | None = None  # None: the page's layout is unknown (no bottom, see reviews_in_view)
-    review_top: float | None = None
-    review_bottom: float | None = None
+    max_scroll: float
+    review_top: float
+    review_bottom: float
     scroll: float | None = 0.0  # None: a record without the page offset (replay only)
     panel: str = PANEL_MAIN
     picture: int = 0  # 0-based picture shown
     done: dict[str, int] = field(default_factory=dict)  # detail-page actions taken in this visit
+    recorded_reviews: int | None = None  # replay: reviews the record shows on the main page (None: layout)
 
     def preview_in_view(self, viewport: float) -> bool:
-        """The review preview block overlaps the viewport by at least 1 px."""
-        if self.review_top is None or self.review_bottom is None or self.scroll is None:
+        """The review preview block overlaps the viewport by at least 1 px (an unknown offset may show it)."""
+        if self.scroll is None:
             return True
         return overlap(self.review_top, self.review_bottom, self.scroll, self.scroll + viewport) >= 1.0
 
     def reviews_in_view(self, viewport: float) -> tuple[str | None, ...]:
-        """The open list shows every review; the main page only the preview's first (``C1``).
-
-        A page without a known layout shows its review block at every offset, as the
-        training prompts do (the renderer then lists ``inline_reviews`` of them)."""
-        if reviews_open(self.panel) or self.review_top is None:
+        """The open list shows every review; the main page only the preview's first (``C1``)."""
+        if reviews_open(self.panel):
             return self.item.reviews
+        if self.recorded_reviews is not None:
+            return self.item.reviews[: self.recorded_reviews]
         return self.item.reviews[:1] if self.preview_in_view(viewport) else ()
+
+
+def review_number(alias: str | None) -> int | None:
+    """1 for ``C1``; None for anything that is not an alias."""
+    digits = alias[1:] if alias and alias[:1] == "C" else ""
+    return int(digits) if digits.isdigit() and int(digits) > 0 else None
 
 
 def scrolled(position: float, delta: float, bottom: float | None) -> float:
@@ -162,14 +169,9 @@ def scroll_delta(action: Accepted) -> float:
 class ShoppingEnvironment:
     """One session's screens. ``judge`` checks a response, ``apply`` executes an accepted action."""
 
-    def __init__(
-        self, session: Session, settings: EnvironmentSettings | None = None, *, assume_layout: bool = True
-    ) -> None:
-        """``assume_layout``: lay out pages the catalog has no height for by ``PageLayout`` (rollout
-        needs bounds); replay shows such pages as the lake knows them, without a layout."""
+    def __init__(self, session: Session, settings: EnvironmentSettings | None = None) -> None:
         self.session = session
         self.settings = settings or EnvironmentSettings()
-        self.assume_layout = assume_layout
         geometry = self.settings.geometry
         bottom = max((c.y + c.height for c in session.cards), default=0.0)
         height = session.feed_height if session.feed_height is not None else bottom
@@ -247,12 +249,15 @@ class ShoppingEnvironment:
     def open_page(self, item_id: str) -> PageState:
         """Show ``item_id``'s detail page from the top, with a fresh visit."""
         item, layout = self.session.item(item_id), self.settings.page
-        page = PageState(item=item, pictures=item.pictures or layout.pictures)
-        if item.page_height is not None or self.assume_layout:
-            height = item.page_height or layout.height
-            page.max_scroll = max(height - self.settings.geometry.ipv_viewport, 0.0)
-            page.review_top = height * layout.review_block_at
-            page.review_bottom = page.review_top + layout.review_block_height
+        height = item.page_height or layout.height
+        review_top = height * layout.review_block_at
+        page = PageState(
+            item=item,
+            pictures=item.pictures or layout.pictures,
+            max_scroll=max(height - self.settings.geometry.ipv_viewport, 0.0),
+            review_top=review_top,
+            review_bottom=review_top + layout.review_block_height,
+        )
         self.page, self.screen, self._seated_cards = page, "ipv", None
         return page
 
@@ -263,6 +268,7 @@ class ShoppingEnvironment:
         if kind == "back_home":
             self.screen, self.page = "feed", None
             return
+        page.recorded_reviews = None
         if kind in DONE_ACTIONS:
             page.done[kind] = page.done.get(kind, 0) + 1
         page.panel = PANEL_AFTER.get(kind, PANEL_MAIN)
@@ -287,12 +293,31 @@ class ShoppingEnvironment:
 
     def seat_page(self, item_id: str, scroll: float | None, panel: str | None) -> PageState:
         """Show ``item_id``'s page at ``scroll`` (None: unknown) with ``panel`` open, keeping the visit
-        if it is open."""
+        if it is open; the page is laid out as in rollout, and at least as long as the record shows."""
         page = self.page if self.page is not None and self.page.item.item_id == item_id else None
         page = page or self.open_page(item_id)
         self.screen, self.page = "ipv", page
         page.scroll = None if scroll is None else max(scroll, 0.0)
-        if page.max_scroll is not None and page.scroll is not None:  # at least as long as the record shows
+        if page.scroll is not None:
             page.max_scroll = max(page.max_scroll, page.scroll)
         page.panel = panel or PANEL_MAIN
+        page.recorded_reviews = None
         return page
+
+    def widen_to(self, action: Accepted) -> bool:
+        """Replay: widen the seated main page where ``action``, recorded on it, shows the page held more
+        than its layout: the review it opens in view, more page below a scroll down at the bottom.
+        Whether the layout said otherwise (the action is then the only evidence of what was shown)."""
+        page = self.page
+        if self.screen != "ipv" or page is None or reviews_open(page.panel):
+            return False
+        if action.type == "ipv_click_comment":
+            wanted = review_number(action.review_alias)
+            if wanted is None or wanted <= len(page.reviews_in_view(self.settings.geometry.ipv_viewport)):
+                return False
+            page.recorded_reviews = min(wanted, len(page.item.reviews))
+            return True
+        if action.type == "ipv_scroll_down" and page.scroll is not None and page.scroll >= page.max_scroll:
+            page.max_scroll = page.scroll + max(action.distance or 0, 1)
+            return True
+        return False

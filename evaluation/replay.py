@@ -5,9 +5,13 @@ the record says it was (feed offset and the cards in view; open item, page offse
 and panel), shows that state, and then applies the recorded action leniently,
 whatever was predicted: a recorded scroll is never refused for its distance, and
 the visit's memory (what was already done on the item) builds up from the record.
-The lake records no detail-page layout, so a page the catalog gives no height is
-shown as the training records show it (no known bottom, its review block in view):
-a replayed state renders to the same prompt as that step's training record.
+Detail pages are laid out as rollout lays them out (``evaluation.environment``), so a
+replayed screen is the screen rollout shows in the same state: on the main page only
+the review preview's ``C1``, and only while the preview is in view. Where the record
+says the page held more than its layout (the shopper opens a review the layout does
+not show there, or scrolls down from the layout's bottom), the step is shown as the
+record has it but not scored: its own action would be the only evidence of what was
+on screen.
 
 A recorded step whose state cannot be rebuilt is not scored; ``skipped`` counts
 such steps by reason (``SKIP_REASONS``).
@@ -39,7 +43,11 @@ SKIP_REASONS: tuple[str, ...] = (
     "no_open_item",  # a detail-page step without its item
     "open_item_not_in_catalog",
     "action_off_screen",  # the recorded action is not one of its screen's actions
+    "review_out_of_view",  # the main page as laid out does not show the review the shopper opened
+    "scroll_past_page_end",  # the shopper scrolled down from the bottom of the page as laid out
 )
+#: why a recorded detail-page action that the layout says could not be taken is not scored
+WIDENED_REASONS = {"ipv_click_comment": "review_out_of_view", "ipv_scroll_down": "scroll_past_page_end"}
 SCREEN_ACTIONS = {"feed": FEED_ACTIONS, "ipv": IPV_ACTIONS}
 
 
@@ -98,10 +106,10 @@ class ReplayCursor:
         return len(self.steps)
 
     def _walk(self) -> None:
-        env = ShoppingEnvironment(self.session, self.settings, assume_layout=False)
+        env = ShoppingEnvironment(self.session, self.settings)
         for recorded in self.session.steps:
-            observation, reason = self._seat(env, recorded)
             gold = recorded_action(recorded, self.session)
+            observation, reason = self._seat(env, recorded, gold)
             on_screen = gold.type in SCREEN_ACTIONS.get(recorded.screen, ())
             reason = reason or (None if on_screen else "action_off_screen")
             if reason is not None:
@@ -120,7 +128,9 @@ class ReplayCursor:
             if on_screen and env.screen == recorded.screen and not env.ended and not opens_nothing:
                 env.apply(gold)
 
-    def _seat(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[Observation | None, str | None]:
+    def _seat(
+        self, env: ShoppingEnvironment, step: RecordedStep, gold: Accepted
+    ) -> tuple[Observation | None, str | None]:
         """Place ``env`` at ``step``'s recorded state: what it shows (None: nothing), why it is not scored."""
         if step.screen == "feed":
             return self._seat_feed(env, step)
@@ -129,8 +139,10 @@ class ReplayCursor:
         if step.scroll_top is not None:
             env.offset = step.scroll_top
         env.seat_page(step.ipv_item_id, step.ipv_scroll, step.ui_state)
-        missing = step.ipv_item_id not in self.session.items
-        return env.observation(), "open_item_not_in_catalog" if missing else None
+        widened = env.widen_to(gold)
+        if step.ipv_item_id not in self.session.items:
+            return env.observation(), "open_item_not_in_catalog"
+        return env.observation(), WIDENED_REASONS[gold.type] if widened else None
 
     def _seat_feed(self, env: ShoppingEnvironment, step: RecordedStep) -> tuple[Observation, str | None]:
         recorded = step.visible_items

@@ -19,6 +19,7 @@ feed height 1300.5 -> max offset 1300.5 - 693 = 607.5.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,13 +36,15 @@ from evaluation.environment import (
     shown_px,
 )
 from evaluation.loader import load_sessions
-from evaluation.replay import ReplayCursor
+from evaluation.replay import ReplayCursor, recorded_action
 from evaluation.rollout import Rollout
 from evaluation.session import RecordedStep, Session, Trajectory
+from evaluation.simulators import drive
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
 from transforms.lake import read_lake_table
 from transforms.prompts import Accepted, PromptSettings, render_state
+from transforms.prompts.render import reviews_open
 from transforms.records import build_records, needed_items
 
 BOXES = [  # item, x, y, height
@@ -443,15 +446,43 @@ def training_messages(lake: Path) -> dict[tuple[str, int], list[dict[str, str]]]
     }
 
 
+MAIN_PAGE_REVIEWS = re.compile(r"\nReviews \(open one by its alias\):(?:\nC\d+: [^\n]*)+")
+LAYOUT_ACTIONS = re.compile(r"\n- (?:ipv_click_comment|ipv_scroll_down)\b[^\n]*")
+
+
+def without_page_layout(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The messages less what only a detail page's layout decides: the page's own review block (under
+    any panel but the review list) and whether a review click or a scroll down is executable. The
+    training records lay no page out (they show the review block at every offset); replay shows the
+    page rollout lays out."""
+    system, user = messages
+    panel = re.search(r"\nScreen: detail page\n(?:.*\n)*?Open panel: ([^\n]*)\n", user["content"])
+    if panel is not None and not reviews_open(panel.group(1)):
+        user = {**user, "content": LAYOUT_ACTIONS.sub("", MAIN_PAGE_REVIEWS.sub("", user["content"]))}
+    return [system, user]
+
+
 def test_replay_shows_each_recorded_state_as_the_training_prompt_shows_it(tmp_path: Path):
     write_bundle(tiny_bundle(), tmp_path / "raw")
     ingest_bundle(tmp_path / "raw", tmp_path / "lake")
     expected = training_messages(tmp_path / "lake")
     cursor = ReplayCursor(load_sessions(tmp_path / "lake")[0])
-    # one renderer: every replayed state renders to its record's system and user messages exactly
+    # one renderer: every replayed state renders to its record's system and user messages, exactly
+    # where no page layout is involved (feed, open review list) and but for the page's layout elsewhere
     assert len(cursor) == len(expected) == 9
+    exact = 0
     for step in cursor:
-        assert step.messages() == expected[(cursor.session.session_id, step.recorded.step)]
+        record = expected[(cursor.session.session_id, step.recorded.step)]
+        assert without_page_layout(step.messages()) == without_page_layout(record)
+        exact += step.messages() == record
+    # 4 feed steps and the review list equal to the character; the 4 main-page steps at 0 and 500 px
+    # do not: the preview (1650..1890 px of the 2750 px page) is out of their 837 px view, so replay lists
+    # no review where the records list C1 and C2
+    assert exact == 5
+    main_page = cursor.steps[2].messages()[1]["content"]
+    assert (
+        "Open panel: main" in main_page and "\nC1: " not in main_page and "ipv_click_comment" not in main_page
+    )
 
 
 def test_replay_applies_recorded_actions_leniently_and_counts_what_it_cannot_rebuild():
@@ -533,6 +564,134 @@ def test_replay_window_holds_the_recorded_steps_before_each_state():
     last = cursor.steps[-1]
     assert [p.action["type"] for p in last.state.window] == ["scroll_up", "click", "back_home"]
     assert last.messages() == render_state(last.state, last.settings)
+
+
+# --- replay and rollout show the same screens ------------------------------------------------------
+
+
+class RecordedPlayer:
+    """A simulator that answers every prompt with the shopper's next recorded action and rationale, and
+    keeps the prompts it was shown."""
+
+    def __init__(self, session: Session) -> None:
+        self.answers = iter(
+            say(recorded_action(s, session).action_object(), s.rationale or "") for s in session.steps
+        )
+        self.prompts: list[list[dict[str, str]]] = []
+
+    def act(self, prompts: list[list[dict[str, str]]]) -> list[str]:
+        self.prompts.extend(prompts)
+        return [next(self.answers) for _ in prompts]
+
+
+def aliases_in_view(messages: list[dict[str, str]]) -> list[str]:
+    """The review aliases the current observation lists."""
+    observation = messages[1]["content"].split("## Current observation\n")[1].split("\n\n## ")[0]
+    return re.findall(r"^(C\d+): ", observation, flags=re.MULTILINE)
+
+
+def reviewing_session() -> Session:
+    """A shopper who scrolls, opens A (2750 px page, review preview at 1650..1890), scrolls until the
+    preview is in view, opens C1 from it and C3 inside the list, scrolls back up, returns and ends."""
+    record = pl.DataFrame(
+        {
+            "step": list(range(8)),
+            "screen": ["feed", "feed", "ipv", "ipv", "ipv", "ipv", "ipv", "feed"],
+            "action": [
+                "scroll_down",
+                "click",
+                "ipv_scroll_down",
+                "ipv_click_comment",
+                "ipv_click_comment",
+                "ipv_scroll_up",
+                "back_home",
+                "end",
+            ],
+            "target_item_id": [None, "A", None, None, None, None, None, None],
+            "review_alias": [None, None, None, "C1", "C3", None, None, None],
+            "distance": [100, None, 837, None, None, 837, None, None],
+            "scroll_top": [0.0, 100.0, 100.0, 100.0, 100.0, 100.0, 100.0, 100.0],
+            "ipv_item_id": [None, None, "A", "A", "A", "A", "A", None],
+            "ipv_scroll": [None, None, 0.0, 837.0, 837.0, 837.0, 0.0, None],
+            "ui_state": [None, None, "main", "main", "comments", "comments", "main", None],
+            "rationale": [f"thought {n}" for n in range(8)],
+        }
+    )
+    row = {"session_id": "s-rev", "user_id": "u1", "feed_height": FEED_HEIGHT}
+    return Session.from_frames(row, layout(), items(), record)
+
+
+def test_replay_and_rollout_show_a_recorded_session_the_same_screens():
+    recorded = reviewing_session()
+    replayed = ReplayCursor(recorded)
+    rollout, player = Rollout(recorded), RecordedPlayer(recorded)
+    drive([rollout], player)
+    assert rollout.terminated and all(a.accepted for a in rollout.attempts)
+    assert (len(replayed), dict(replayed.skipped)) == (8, {})
+    # the prompt before each recorded action is the same text in replay and in rollout: feed, page
+    # offsets and panels, the reviews in view, the executable actions and the history window
+    for scored, shown in zip(replayed, player.prompts, strict=True):
+        assert scored.messages() == shown, scored.recorded.step
+    # main page at 0 (view 0..837) and at 837 (837..1674, the preview 1650..1890 overlaps by 24 px),
+    # the open list (every review), the main page at 0 again
+    assert [aliases_in_view(p) for p in player.prompts[2:7]] == [
+        [],
+        ["C1"],
+        ["C1", "C2", "C3"],
+        ["C1", "C2", "C3"],
+        [],
+    ]
+
+
+def test_a_review_click_on_the_main_page_is_judged_alike_in_replay_and_rollout():
+    recorded = reviewing_session()
+    replayed = ReplayCursor(recorded).steps
+    env = ShoppingEnvironment(recorded)
+    for action in recorded_actions(recorded)[:3]:  # scroll, open A, scroll the page to 837 px
+        env.apply(action)
+    # main page at 837 px: the preview shows C1 only, so C2 is not in view
+    c2 = say({"type": "ipv_click_comment", "target": "C2"})
+    assert replayed[3].judge(c2).reason == env.judge(c2).reason == "target_unresolved"  # type: ignore[union-attr]
+    assert isinstance(replayed[3].judge(say({"type": "ipv_click_comment", "target": "C1"})), Accepted)
+    # main page at 0 px: the preview is out of view, no review can be opened
+    c1 = say({"type": "ipv_click_comment", "target": "C1"})
+    assert replayed[2].judge(c1).reason == "illegal_in_state"  # type: ignore[union-attr]
+
+
+def recorded_actions(recorded: Session) -> list[Accepted]:
+    return [recorded_action(s, recorded) for s in recorded.steps]
+
+
+def test_replay_shows_what_its_record_says_beyond_the_layout_but_does_not_score_it():
+    record = pl.DataFrame(
+        {
+            "step": [0, 1, 2, 3, 4],
+            "screen": ["feed", "ipv", "ipv", "ipv", "ipv"],
+            "action": ["click", "ipv_click_comment", "ipv_scroll_down", "ipv_scroll_down", "back_home"],
+            "target_item_id": ["A", None, None, None, None],
+            "review_alias": [None, "C2", None, None, None],
+            "distance": [None, None, 500, 500, None],
+            "scroll_top": [0.0, 0.0, 0.0, 0.0, 0.0],
+            "ipv_item_id": [None, "A", "A", "A", "A"],
+            # 2000 px is past the layout's bottom, 2750 - 837 = 1913 px, and the shopper scrolls on
+            "ipv_scroll": [None, 1700.0, 1700.0, 2000.0, 2500.0],
+            "ui_state": [None, "main", "main", "main", "main"],
+        }
+    )
+    built = Session.from_frames({"session_id": "s", "feed_height": FEED_HEIGHT}, layout(), items(), record)
+    cursor = ReplayCursor(built)
+    # step 1: the layout shows C1 only, the shopper opened C2; step 3: the layout's page ends at 2000 px
+    # (at least as long as the record shows), the shopper scrolled further
+    assert cursor.skipped_steps == [(1, "review_out_of_view"), (3, "scroll_past_page_end")]
+    assert [s.recorded.step for s in cursor] == [0, 2, 4]
+    # where the record agrees with the layout the page is the rollout's: C1 only, at 1700 px
+    assert aliases_in_view(cursor.steps[1].messages()) == ["C1"]
+    # the window shows the unscored steps as the record has them
+    assert [p.action["type"] for p in cursor.steps[2].state.window][1:4] == [
+        "ipv_click_comment",
+        "ipv_scroll_down",
+        "ipv_scroll_down",
+    ]
 
 
 def test_the_environment_imports_neither_the_synthetic_world_nor_prefect():
