@@ -1,22 +1,29 @@
-"""The ``checkpoint:PATH`` simulator: a local Hugging Face causal-LM folder answering with ``generate``.
+"""The ``checkpoint:PATH`` simulator: a local Hugging Face causal-LM folder decoding its answers.
 
-The prompts of a batch are rendered with the tokenizer's chat template and generated together, left
+The prompts of a batch are rendered with the tokenizer's chat template and decoded together, left
 padded so every answer starts where its prompt ends; sampling follows PROTOCOL.md §3 (temperature
-1.0, top-p 0.95, 512 new tokens, seed 42), all configurable. The seed is set once when the model is
-loaded, so a run is reproducible for the same sessions in the same batches. torch and transformers
-are imported only when a checkpoint is loaded.
+1.0, top-p 0.95, 512 new tokens, seed 42), all configurable, and temperature 0 decodes greedily.
+
+Each row samples from a random stream of its own, seeded by (seed, its session, its step): an
+answer is the same whichever batch it is decoded in and whatever was decoded before, so a killed
+evaluation resumed writes what one never stopped would have. ``generate`` draws every row from one
+generator, so the decoding loop is this module's own: the model's forward with its KV cache, the
+temperature and top-p filter as ``generate`` applies them, then each row's token by inverse
+transform sampling with one uniform from its own stream, all rows in one tensor operation. torch
+and transformers are imported only when a checkpoint is loaded.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-from evaluation.simulators import Messages, Sampling
+from evaluation.simulators import Key, Messages, Sampling, derived_seed, keys_or_positions
 
 #: below this many shared leading tokens a batch is left-padded as usual: sharing would save nothing
 MIN_SHARED_TOKENS = 16
@@ -55,9 +62,9 @@ class CheckpointSimulator:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(self.device).eval()
         self._prefix: tuple[tuple[int, ...], Any] | None = None  # the shared beginning and its KV cache
-        # transformers 5 names generate's starting cache ``cache``; 4.x ``past_key_values``
+        # transformers 5 names the forward's cache ``cache``; 4.x ``past_key_values``
         self.cache_argument = "past_key_values" if transformers.__version__.startswith("4.") else "cache"
-        torch.manual_seed(settings.seed)
+        self.stop_ids = stop_token_ids(self.tokenizer.eos_token_id, self.model.generation_config.eos_token_id)
 
     @classmethod
     def from_spec(
@@ -68,12 +75,12 @@ class CheckpointSimulator:
         chosen = (sampling or Sampling()).model_dump()
         return cls(CheckpointSettings(path=argument, **chosen, **settings))
 
-    def act(self, prompts: Sequence[Messages]) -> list[str]:
-        size = self.settings.max_batch
+    def act(self, prompts: Sequence[Messages], keys: Sequence[Key] | None = None) -> list[str]:
+        size, keyed = self.settings.max_batch, keys_or_positions(keys, len(prompts))
         return [
             text
             for start in range(0, len(prompts), size)
-            for text in self.generate(prompts[start : start + size])
+            for text in self.generate(prompts[start : start + size], keyed[start : start + size])
         ]
 
     def rows(self, prompts: Sequence[Messages]) -> list[list[int]]:
@@ -91,34 +98,74 @@ class CheckpointSimulator:
         ids, mask = self.left_padded(self.rows(prompts))
         return {"input_ids": ids, "attention_mask": mask}
 
-    def generate(self, prompts: Sequence[Messages]) -> list[str]:
-        """One answer per prompt, the batch generated together.
+    def generate(self, prompts: Sequence[Messages], keys: Sequence[Key] | None = None) -> list[str]:
+        """One answer per prompt, the batch decoded together, each row sampled by its own key.
 
         The prompts of a batch begin alike (the system turn: a few hundred tokens of every prompt), so
         that beginning is run through the model once and its KV cache shared by every row: the rows are
         laid out as [shared tokens][padding][own tokens], the padding masked, each row's positions
-        counted over its unmasked tokens (what ``generate`` derives from the attention mask), so every
-        row is computed as it would be alone."""
+        counted over its unmasked tokens, so every row is computed as it would be alone."""
         rows = self.rows(prompts)
         shared = min(shared_prefix_length(rows), min(len(r) for r in rows) - 1)
-        sampled = self.settings.temperature > 0
-        options = {"do_sample": True, "temperature": self.settings.temperature, "top_p": self.settings.top_p}
-        options = options if sampled else {"do_sample": False}
         with self.torch.inference_mode():
             if shared >= MIN_SHARED_TOKENS:
                 ids, mask, cache = self.with_shared_prefix(rows, shared)
-                options[self.cache_argument] = cache
+                fed = slice(shared, None)  # the cache holds the shared tokens already
             else:
-                ids, mask = self.left_padded(rows)
-            out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=self.settings.max_new_tokens,
-                pad_token_id=self.tokenizer.pad_token_id,
-                **options,
-            )
-        answers = out[:, ids.shape[1] :]
-        return self.tokenizer.batch_decode(answers, skip_special_tokens=True)
+                (ids, mask), cache, fed = self.left_padded(rows), None, slice(None)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            streams = [random.Random(self.row_seed(key)) for key in keys_or_positions(keys, len(rows))]
+            answers = self.decode(ids[:, fed], mask, positions[:, fed], cache, streams)
+        return [self.tokenizer.decode(answer, skip_special_tokens=True) for answer in answers]
+
+    def row_seed(self, key: Key) -> int:
+        return derived_seed(self.settings.seed, "checkpoint", *key)
+
+    def decode(
+        self, ids: Any, mask: Any, positions: Any, cache: Any, streams: list[random.Random]
+    ) -> list[list[int]]:
+        """Up to ``max_new_tokens`` tokens per row after ``ids`` (``mask`` covers the cache's tokens
+        too), a row ending at its first stop token (not kept); greedy at temperature 0."""
+        torch, rows = self.torch, ids.shape[0]
+        answers: list[list[int]] = [[] for _ in range(rows)]
+        live = list(range(rows))
+        for _ in range(self.settings.max_new_tokens):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                             logits_to_keep=1, **{self.cache_argument: cache})  # fmt: skip
+            cache = out.get("cache")
+            cache = out.past_key_values if cache is None else cache  # transformers 4.x
+            chosen = self.next_tokens(out.logits[:, -1, :], [streams[i] for i in live]).tolist()
+            kept = [k for k, token in enumerate(chosen) if token not in self.stop_ids]
+            for k in kept:
+                answers[live[k]].append(chosen[k])
+            if not kept:
+                break
+            if len(kept) < len(live):  # the finished rows leave the batch and the cache
+                index = torch.tensor(kept, device=self.device)
+                mask, positions = mask[index], positions[index]
+                cache.batch_select_indices(index)
+            live = [live[k] for k in kept]
+            ids = torch.tensor([[chosen[k]] for k in kept], dtype=torch.long, device=self.device)
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=-1)
+            positions = positions[:, -1:] + 1
+        return answers
+
+    def next_tokens(self, logits: Any, streams: list[random.Random]) -> Any:
+        """One token per row of ``logits``: the most likely at temperature 0, else drawn from the
+        temperature-scaled distribution cut to its top-p nucleus (the smallest set of most likely
+        tokens whose mass reaches top-p, as ``generate``'s TopPLogitsWarper keeps it), by inverse
+        transform sampling with the next uniform of the row's own stream."""
+        torch = self.torch
+        if self.settings.temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits.float() / self.settings.temperature, dim=-1)
+        ordered, order = probs.sort(dim=-1, descending=True)
+        before = ordered.cumsum(dim=-1) - ordered  # the mass of the more likely tokens
+        ordered = ordered.masked_fill(before >= self.settings.top_p, 0.0)
+        cdf = ordered.cumsum(dim=-1)
+        uniform = torch.tensor([[s.random()] for s in streams], dtype=cdf.dtype, device=cdf.device)
+        at = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)
+        return order.gather(-1, at)[:, 0]
 
     def left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
         width, pad = max(map(len, rows)), self.tokenizer.pad_token_id
@@ -128,7 +175,7 @@ class CheckpointSimulator:
 
     def with_shared_prefix(self, rows: list[list[int]], shared: int) -> tuple[Any, Any, Any]:
         """The batch laid out around the shared beginning, and a copy of that beginning's cache for
-        every row (``generate`` appends to the cache it is given)."""
+        every row (decoding appends to the cache it is given)."""
         prefix = rows[0][:shared]
         width, pad = max(len(r) - shared for r in rows), self.tokenizer.pad_token_id
         ids = [prefix + [pad] * (width - len(r) + shared) + r[shared:] for r in rows]
@@ -150,6 +197,14 @@ class CheckpointSimulator:
 
     def tensor(self, rows: list[list[int]]) -> Any:
         return self.torch.tensor(rows, dtype=self.torch.long, device=self.device)
+
+
+def stop_token_ids(*found: int | list[int] | None) -> frozenset[int]:
+    """The ids that end an answer: the tokenizer's end of sequence and the model's (one or a list)."""
+    ids: set[int] = set()
+    for value in found:
+        ids.update([value] if isinstance(value, int) else value or [])
+    return frozenset(ids)
 
 
 def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:

@@ -30,7 +30,16 @@ from evaluation.environment import EnvironmentSettings
 from evaluation.replay import ReplayCursor, ScoredStep
 from evaluation.rollout import Rollout
 from evaluation.session import Session
-from evaluation.simulators import ConcurrentSimulator, NoAnswer, Simulator, ask, deliver, step_all
+from evaluation.simulators import (
+    ConcurrentSimulator,
+    NoAnswer,
+    Simulator,
+    answer_keyed,
+    ask,
+    deliver,
+    rollout_key,
+    step_all,
+)
 from evaluation.traces import ReplayStep, Trace, TraceProfile, TraceStep
 from transforms.prompts import Accepted
 
@@ -223,7 +232,7 @@ async def drive_concurrently(
             rollout = Rollout(waiting.popleft(), settings)
             while not rollout.done:
                 try:
-                    output = await simulator.answer(rollout.messages())
+                    output = await answer_keyed(simulator, rollout.messages(), rollout_key(rollout))
                 except Exception as error:  # recorded in the episode, never raised past it
                     output = NoAnswer(f"{type(error).__name__}: {error}")
                 deliver(rollout, output)
@@ -310,7 +319,8 @@ def replay(
         for start in range(0, len(waiting), batch_size):
             cursors = [ReplayCursor(x, s) for x in waiting[start : start + batch_size]]
             asked = [(c.session.session_id, step) for c in cursors for step in c]
-            answers = ask(simulator, [step.messages() for _, step in asked]) if asked else []
+            keys = [(session_id, step.recorded.step) for session_id, step in asked]
+            answers = ask(simulator, [step.messages() for _, step in asked], keys) if asked else []
             outputs += len(asked)
             rows: dict[str, list[ReplayStep]] = {c.session.session_id: unscored_rows(c) for c in cursors}
             for (session_id, step), answer in zip(asked, answers, strict=True):

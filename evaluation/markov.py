@@ -6,7 +6,8 @@ the first), from the train split's counts, restricted to the actions executable 
 each card in view weighs one plus the number of the shopper's recent clicks in its top category
 (the titles of the prompt's recent clicks, read as categories through the lake's catalog and
 history). A scroll's distance is drawn from the real distances of that action, clipped to the range
-the prompt lists. It reads only what a simulator is shown, the prompt.
+the prompt lists. It reads only what a simulator is shown, the prompt. Each prompt's draws come from
+a generator seeded by (seed, ``markov``, the prompt's key), whatever else is asked with it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from evaluation.simulators import (
     CARD_LINE,
     DISTANCE_RANGE,
     REVIEW_LINE,
+    Key,
     Messages,
+    derived_seed,
     executable_lines,
+    keys_or_positions,
     observation_text,
 )
 from transforms.lake import read_lake_table, table_files
@@ -119,8 +123,8 @@ class MarkovSimulator:
         categories: pl.DataFrame,
         seed: int = 42,
     ) -> None:
+        self.seed = seed
         self.parameters = {"seed": seed}
-        self.rng = random.Random(seed)
         self.next_counts: dict[tuple[str, str], dict[str, int]] = {}
         for screen, previous, action, count in transitions.iter_rows():
             self.next_counts.setdefault((screen, previous), {})[action] = count
@@ -141,34 +145,41 @@ class MarkovSimulator:
             raise ValueError(f"markov: the lake {lake} has no steps in its {split!r} split to fit on")
         return cls(transition_counts(steps), scroll_distances(steps), title_categories(lake), seed)
 
-    def act(self, prompts: Sequence[Messages]) -> list[str]:
-        return [self.answer(read_prompt(messages[-1]["content"])) for messages in prompts]
+    def act(self, prompts: Sequence[Messages], keys: Sequence[Key] | None = None) -> list[str]:
+        keyed = keys_or_positions(keys, len(prompts))
+        return [
+            self.answer(read_prompt(messages[-1]["content"]), self.rng(key))
+            for messages, key in zip(prompts, keyed, strict=True)
+        ]
 
-    def answer(self, shown: Shown) -> str:
-        kind = self.next_action(shown)
+    def rng(self, key: Key) -> random.Random:
+        return random.Random(derived_seed(self.seed, "markov", *key))
+
+    def answer(self, shown: Shown, rng: random.Random) -> str:
+        kind = self.next_action(shown, rng)
         action: dict[str, Any] = {"type": kind}
         if kind == "click":
-            action["target_item_id"] = self.card(shown)
+            action["target_item_id"] = self.card(shown, rng)
         elif kind == "ipv_click_comment":
-            action["target"] = self.rng.choice(shown.aliases)
+            action["target"] = rng.choice(shown.aliases)
         elif found := DISTANCE_RANGE.search(shown.executable[kind]):
-            action["distance"] = self.distance(kind, int(found["top"]))
+            action["distance"] = self.distance(kind, int(found["top"]), rng)
         return json.dumps({"rationale": "the usual next step", "action": action})
 
-    def next_action(self, shown: Shown) -> str:
+    def next_action(self, shown: Shown, rng: random.Random) -> str:
         counts = self.next_counts.get((shown.screen, shown.previous), {})
         options = list(shown.executable)
         weights = [counts.get(name, 0) for name in options]
         if not any(weights):
-            return self.rng.choice(options)
-        return self.rng.choices(options, weights)[0]
+            return rng.choice(options)
+        return rng.choices(options, weights)[0]
 
-    def card(self, shown: Shown) -> str:
+    def card(self, shown: Shown, rng: random.Random) -> str:
         affinity = Counter(self.category_of.get(clean(title)) for title in shown.recent_titles)
         weights = [1 + affinity[category] for _, category in shown.cards]
-        return self.rng.choices([item for item, _ in shown.cards], weights)[0]
+        return rng.choices([item for item, _ in shown.cards], weights)[0]
 
-    def distance(self, action: str, top: int) -> int:
+    def distance(self, action: str, top: int, rng: random.Random) -> int:
         observed = self.distances.get(action)
-        drawn = self.rng.choice(observed) if observed else self.rng.randint(1, top)
+        drawn = rng.choice(observed) if observed else rng.randint(1, top)
         return max(1, min(top, int(drawn)))

@@ -11,7 +11,9 @@ No ``response_format`` is sent: the evaluation measures whether the model itself
 protocol's format (L0), which constrained decoding would hide. The client runs on an event loop of
 its own thread, so its connections are kept from one batch to the next.
 
-The request carries temperature, top-p and seed; whether they are honoured is the server's affair.
+The request carries temperature, top-p and a seed of its own, derived from (the simulator's seed, the
+prompt's session and step), so an answer does not depend on the requests sent before it; whether
+they are honoured is the server's affair.
 vLLM samples whenever the temperature is above 0; ``transformers serve`` samples only when the served
 folder's ``generation_config.json`` says ``do_sample`` (the trainer's checkpoints do), and otherwise
 answers greedily whatever the temperature.
@@ -22,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field
 
-from evaluation.simulators import Messages, NoAnswer, Sampling
+from evaluation.simulators import Key, Messages, NoAnswer, Sampling, derived_seed, keys_or_positions
 from extractors.client import ExtractionStopped, LLMClient, RequestFailed
 from extractors.config import ExtractSettings
 from extractors.prompts import PromptTemplate
@@ -34,6 +37,8 @@ from extractors.prompts import PromptTemplate
 # the client names its requests after a template; the simulator's prompts are rendered by the environment
 T = TypeVar("T")
 SIMULATOR_TEMPLATE = PromptTemplate(name="simulator", version="protocol-2", system="", user="", schema={})
+#: the seed of the request being sent: each answer runs as a task of its own, with its own value
+REQUEST_SEED: ContextVar[int | None] = ContextVar("request_seed", default=None)
 
 
 class OpenAISimulatorSettings(BaseModel):
@@ -103,6 +108,8 @@ class SimulatorClient(LLMClient):
     def _body(self, template: PromptTemplate, messages: list[Any]) -> dict[str, Any]:
         body = super()._body(template, messages)
         body.pop("response_format")
+        if (seed := REQUEST_SEED.get()) is not None:
+            body["seed"] = seed
         return body | {"top_p": self.top_p}
 
 
@@ -137,14 +144,24 @@ class OpenAISimulator:
         """Requests, retries by kind and tokens so far (the extraction client's counters)."""
         return self.client.stats.as_dict()
 
-    def act(self, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
-        return self.run(self._answers(prompts))
+    def act(self, prompts: Sequence[Messages], keys: Sequence[Key] | None = None) -> list[str | NoAnswer]:
+        return self.run(self._answers(prompts, keys_or_positions(keys, len(prompts))))
 
-    async def _answers(self, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
-        return list(await asyncio.gather(*(self.answer(messages) for messages in prompts)))
+    async def _answers(self, prompts: Sequence[Messages], keys: Sequence[Key]) -> list[str | NoAnswer]:
+        asked = (self.answer(messages, key) for messages, key in zip(prompts, keys, strict=True))
+        return list(await asyncio.gather(*asked))
 
-    async def answer(self, messages: Messages) -> str | NoAnswer:
-        """One answer (waits for a free slot of the concurrency limit)."""
+    def request_seed(self, key: Key) -> int | None:
+        """The seed sent with the prompt keyed ``key`` (31 bits, which every server takes), none when
+        the simulator has no seed."""
+        if self.settings.seed is None:
+            return None
+        return derived_seed(self.settings.seed, *key, bits=31)
+
+    async def answer(self, messages: Messages, key: Key | None = None) -> str | NoAnswer:
+        """One answer (waits for a free slot of the concurrency limit), sampled with the seed of
+        ``key`` (without one, with the simulator's seed)."""
+        REQUEST_SEED.set(self.settings.seed if key is None else self.request_seed(key))
         try:
             return (await self.client.complete(SIMULATOR_TEMPLATE, list(messages))).text
         except (RequestFailed, ExtractionStopped) as error:

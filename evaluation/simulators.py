@@ -4,10 +4,18 @@ A simulator sees exactly what a trained checkpoint sees, the rendered messages, 
 answers in the PROTOCOL.md §2 format; the environment judges every answer the same
 way whoever wrote it. ``drive`` steps a batch of rollouts with one simulator until
 every episode has ended.
+
+A simulator that samples takes each prompt's key, (session id, step), and draws for that prompt
+from a seed derived from (its seed, its name, the key) alone (``derived_seed``): an episode's
+answers then depend on neither the batch it was asked in nor the sessions asked before it, so an
+evaluation killed and run again (the sessions already written are skipped) writes what one never
+stopped would have.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import random
 import re
@@ -21,6 +29,9 @@ from pydantic import BaseModel, Field
 from evaluation.rollout import Rollout
 
 Messages = list[dict[str, str]]
+#: what a prompt's draws are keyed by: its session id and step (a rollout's 0-based output index, a
+#: replay's recorded step)
+Key = tuple[str, int]
 T = TypeVar("T")
 
 ACTIONS_HEADING = "## Executable actions\n"
@@ -39,7 +50,10 @@ class NoAnswer:
 
 
 class Simulator(Protocol):
-    """Answers a batch of prompts, one response text (or :class:`NoAnswer`) per prompt, in order."""
+    """Answers a batch of prompts, one response text (or :class:`NoAnswer`) per prompt, in order.
+
+    One that samples also takes ``keys`` (one :data:`Key` per prompt) and draws by them alone; one
+    whose ``act`` has no ``keys`` parameter is asked without them."""
 
     def act(self, prompts: Sequence[Messages]) -> Sequence[str | NoAnswer]: ...
 
@@ -65,12 +79,59 @@ class StateSimulator(Protocol):
     def act_on(self, rollouts: Sequence[Rollout]) -> list[str]: ...
 
 
+def derived_seed(*parts: str | int, bits: int = 63) -> int:
+    """A seed of ``bits`` bits from ``parts`` alone (e.g. a simulator's seed, its name, a session id and
+    a step): the same parts give the same seed in any process, different parts unrelated ones."""
+    digest = hashlib.sha256(json.dumps(list(parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> (64 - bits)
+
+
+def rollout_key(rollout: Rollout) -> Key:
+    """The key of an episode's next prompt: its session and how many outputs it has had (a rejected
+    output's retry draws anew)."""
+    return (rollout.session.session_id, len(rollout.attempts))
+
+
+def keys_or_positions(keys: Sequence[Key] | None, count: int) -> Sequence[Key]:
+    """``keys``, or for a call without them each prompt keyed by its position in the call."""
+    if keys is None:
+        return [("", i) for i in range(count)]
+    if len(keys) != count:
+        raise ValueError(f"{len(keys)} keys for {count} prompts")
+    return keys
+
+
+def _takes(method: Callable[..., Any], name: str) -> bool:
+    try:
+        return name in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin without a signature takes no keys
+        return False
+
+
+def act_keyed(
+    simulator: Simulator, prompts: Sequence[Messages], keys: Sequence[Key]
+) -> Sequence[str | NoAnswer]:
+    """``simulator.act``, with the prompts' keys where it takes them."""
+    if _takes(simulator.act, "keys"):
+        return simulator.act(prompts, keys=keys)  # type: ignore[call-arg]
+    return simulator.act(prompts)
+
+
+def answer_keyed(
+    simulator: ConcurrentSimulator, messages: Messages, key: Key
+) -> Coroutine[Any, Any, str | NoAnswer]:
+    """``simulator.answer``, with the prompt's key where it takes one."""
+    if _takes(simulator.answer, "key"):
+        return simulator.answer(messages, key=key)  # type: ignore[call-arg]
+    return simulator.answer(messages)
+
+
 def answers(simulator: Simulator, live: Sequence[Rollout]) -> Sequence[str | NoAnswer]:
     """One response per live episode: from the episodes' states where the simulator reads them, else
-    from their rendered prompts."""
+    from their rendered prompts (keyed by session and step)."""
     if isinstance(simulator, StateSimulator):
         return simulator.act_on(live)
-    return simulator.act([r.messages() for r in live])
+    return act_keyed(simulator, [r.messages() for r in live], [rollout_key(r) for r in live])
 
 
 def executable_lines(prompt: str) -> list[str]:
@@ -85,36 +146,38 @@ def observation_text(prompt: str) -> str:
 
 class RandomSimulator:
     """Uniform over the executable actions of each prompt, then uniform over that action's arguments
-    (a card in view, a review alias in view, a distance in the listed range)."""
+    (a card in view, a review alias in view, a distance in the listed range); each prompt's draws
+    come from a generator seeded by (seed, ``random``, its key)."""
 
     def __init__(self, seed: int = 42) -> None:
-        self.rng = random.Random(seed)
+        self.seed = seed
+        self.parameters = {"spec": "random", "seed": seed}
 
-    def act(self, prompts: Sequence[Messages]) -> list[str]:
-        return [self.answer(messages[-1]["content"]) for messages in prompts]
+    def act(self, prompts: Sequence[Messages], keys: Sequence[Key] | None = None) -> list[str]:
+        keyed = keys_or_positions(keys, len(prompts))
+        return [
+            self.answer(messages[-1]["content"], self.rng(key))
+            for messages, key in zip(prompts, keyed, strict=True)
+        ]
 
-    def answer(self, prompt: str) -> str:
-        signature = self.rng.choice(executable_lines(prompt))
+    def rng(self, key: Key) -> random.Random:
+        return random.Random(derived_seed(self.seed, "random", *key))
+
+    @staticmethod
+    def answer(prompt: str, rng: random.Random) -> str:
+        signature = rng.choice(executable_lines(prompt))
         kind = signature.split(" ", 1)[0]
         action: dict[str, object] = {"type": kind}
         seen = observation_text(prompt).splitlines()
         if kind == "click":
             cards = [m["item"] for m in map(CARD_LINE.match, seen) if m]
-            action["target_item_id"] = self.rng.choice(cards)
+            action["target_item_id"] = rng.choice(cards)
         elif kind == "ipv_click_comment":
             aliases = [m["alias"] for m in map(REVIEW_LINE.match, seen) if m]
-            action["target"] = self.rng.choice(aliases)
+            action["target"] = rng.choice(aliases)
         elif found := DISTANCE_RANGE.search(signature):
-            action["distance"] = self.rng.randint(1, int(found["top"]))
+            action["distance"] = rng.randint(1, int(found["top"]))
         return json.dumps({"rationale": "a random choice", "action": action})
-
-
-def random_from_spec(argument: str) -> RandomSimulator:
-    if not argument:
-        return RandomSimulator()
-    if not argument.isdigit():
-        raise ValueError(f"random:SEED takes a whole-number seed, not {argument!r}")
-    return RandomSimulator(seed=int(argument))
 
 
 class Sampling(BaseModel):
@@ -124,6 +187,15 @@ class Sampling(BaseModel):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     max_new_tokens: int = Field(512, ge=1, description="tokens per answer at most")
     seed: int = 42
+
+
+def random_from_spec(argument: str, sampling: Sampling | None = None) -> RandomSimulator:
+    """``random:SEED``, or ``random`` with the evaluation's seed."""
+    if not argument:
+        return RandomSimulator(seed=(sampling or Sampling()).seed)
+    if not argument.isdigit():
+        raise ValueError(f"random:SEED takes a whole-number seed, not {argument!r}")
+    return RandomSimulator(seed=int(argument))
 
 
 def checkpoint_from_spec(argument: str, sampling: Sampling) -> Simulator:
@@ -138,10 +210,10 @@ def openai_from_spec(argument: str, sampling: Sampling) -> Simulator:
     return OpenAISimulator.from_spec(argument, sampling)
 
 
-def markov_from_lake(lake: Path) -> Simulator:
+def markov_from_lake(lake: Path, sampling: Sampling) -> Simulator:
     from evaluation.markov import MarkovSimulator
 
-    return MarkovSimulator.fit(lake)
+    return MarkovSimulator.fit(lake, seed=sampling.seed)
 
 
 #: spec name -> builder taking the text after "name:" ("" when there is none)
@@ -150,13 +222,16 @@ SIMULATORS: dict[str, Callable[[str], Simulator]] = {
     "checkpoint": lambda argument: checkpoint_from_spec(argument, Sampling()),
     "openai": lambda argument: openai_from_spec(argument, Sampling()),
 }
-#: spec name -> builder taking the text after "name:" and the sampling to answer with
+#: spec name -> builder taking the text after "name:" and the sampling to answer with (its seed the
+#: one a simulator's draws derive from)
 SAMPLED_SIMULATORS: dict[str, Callable[[str, Sampling], Simulator]] = {
+    "random": random_from_spec,
     "checkpoint": checkpoint_from_spec,
     "openai": openai_from_spec,
 }
-#: spec name -> builder taking the lake under evaluation (a simulator fitted on its train split)
-LAKE_SIMULATORS: dict[str, Callable[[Path], Simulator]] = {"markov": markov_from_lake}
+#: spec name -> builder taking the lake under evaluation (a simulator fitted on its train split) and
+#: the sampling (its seed the one the simulator's draws derive from)
+LAKE_SIMULATORS: dict[str, Callable[[Path, Sampling], Simulator]] = {"markov": markov_from_lake}
 
 
 def simulator_from_spec(spec: str) -> Simulator:
@@ -170,23 +245,29 @@ def simulator_from_spec(spec: str) -> Simulator:
 
 def simulator_for_lake(spec: str, lake: str | Path, sampling: Sampling | None = None) -> Simulator:
     """The simulator a spec names when evaluating ``lake``: those of LAKE_SIMULATORS (``markov``) are
-    fitted on it, language models answer with ``sampling``, the others as :func:`simulator_from_spec`
-    builds them."""
+    fitted on it, the others answer with ``sampling`` where they sample, as :func:`simulator_from_spec`
+    builds them otherwise; every one draws from ``sampling``'s seed unless its spec names its own."""
     name, _, argument = spec.partition(":")
+    chosen = sampling or Sampling()
     if spec in LAKE_SIMULATORS:
-        return LAKE_SIMULATORS[spec](Path(lake))
+        return LAKE_SIMULATORS[spec](Path(lake), chosen)
     if name in SAMPLED_SIMULATORS:
-        return SAMPLED_SIMULATORS[name](argument, sampling or Sampling())
+        return SAMPLED_SIMULATORS[name](argument, chosen)
     if name not in SIMULATORS:
         known = ", ".join(sorted({*SIMULATORS, *LAKE_SIMULATORS}))
         raise ValueError(f"unknown simulator {spec!r}; known: {known}")
     return simulator_from_spec(spec)
 
 
-def ask(simulator: Simulator, prompts: Sequence[Messages]) -> list[str | NoAnswer]:
-    """One output per prompt, asked in one call; a failing call (or one answering the wrong number of
-    prompts) is a :class:`NoAnswer` for each, so the failure is recorded, never raised past them."""
-    return _guarded(lambda: simulator.act(prompts), len(prompts))
+def ask(
+    simulator: Simulator, prompts: Sequence[Messages], keys: Sequence[Key] | None = None
+) -> list[str | NoAnswer]:
+    """One output per prompt (keyed by ``keys`` where given), asked in one call; a failing call (or one
+    answering the wrong number of prompts) is a :class:`NoAnswer` for each, so the failure is
+    recorded, never raised past them."""
+    if keys is None:
+        return _guarded(lambda: simulator.act(prompts), len(prompts))
+    return _guarded(lambda: act_keyed(simulator, prompts, keys), len(prompts))
 
 
 def ask_episodes(simulator: Simulator, live: Sequence[Rollout]) -> list[str | NoAnswer]:

@@ -5,10 +5,15 @@ temporary API server as a child in that group, so the server died with the comma
 which then spent minutes retrying to report the interrupted run to it and ended in
 connection tracebacks. Started in a session of its own, the server outlives the
 interrupt, records the interrupted run as crashed, and is stopped at exit as usual.
+
+A command killed outright (SIGKILL, the OOM killer) never stops the server, and in a
+session of its own nothing else would: the server runs under a guard that watches the
+command's process and ends the server once the command is gone.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
@@ -25,6 +30,7 @@ KEPT_ON_INTERRUPT: dict[str, str] = {
     "synth": "the raw bundle is written aside and moved into place only when complete",
     "serve": "the served deployments stay registered, their schedules paused until served again",
     "train": "the run's newest checkpoints stay in --out",
+    "evaluate": "every session's finished trace stays in --out",
 }
 KEPT_BY_A_STAGE = "the lake keeps its previous tables: a stage swaps its tables in only when complete"
 #: how a command cut short continues where running it again as it was would not (train refuses
@@ -32,6 +38,8 @@ KEPT_BY_A_STAGE = "the lake keeps its previous tables: a stage swaps its tables 
 CONTINUED_BY: dict[str, str] = {
     "train": "run the same `trajforge train` command with --resume added to continue from the newest "
     "checkpoint (cut short before the first one: with --overwrite to start over)",
+    "evaluate": "run the same `trajforge evaluate` command again to resume: the sessions already written "
+    "are skipped, and the others draw what an uninterrupted run would have",
 }
 
 
@@ -43,14 +51,46 @@ def interrupted_line(command: str | None) -> str:
     return f"interrupted: {kept}; {continued}"
 
 
+#: ``python -c GUARD PARENT_PID MODULE ARGS...``: runs ``python -m MODULE ARGS...`` in this process
+#: while a thread checks twice a second that PARENT_PID is still its parent; once it is not (the
+#: parent died and the process was handed to init), the process is sent SIGTERM, which uvicorn
+#: answers by shutting down, and is ended outright 10 s later if it is still running
+GUARD = """
+import os, runpy, signal, sys, threading, time
+parent = int(sys.argv[1])
+def watch():
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    os._exit(1)
+threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def guarded(args: list[str]) -> list[str]:
+    """``[python, -m, MODULE, *rest]`` run under :data:`GUARD` with this process as the parent it
+    watches; any other command as it is."""
+    if len(args) >= 3 and args[1] == "-m":
+        return [args[0], "-c", GUARD, str(os.getpid()), *args[2:]]
+    return list(args)
+
+
 class _SubprocessInOwnSession:
-    """The ``subprocess`` module as Prefect's server module sees it: every Popen in a new session."""
+    """The ``subprocess`` module as Prefect's server module sees it: every Popen in a new session,
+    a ``python -m`` server guarded so it ends with this process."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
 
     @staticmethod
     def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:  # the name subprocess.Popen goes by
+        if "args" in kwargs:
+            kwargs["args"] = guarded(list(kwargs["args"]))
+        elif args:
+            args = (guarded(list(args[0])), *args[1:])
         return subprocess.Popen(*args, **{**kwargs, "start_new_session": True})
 
 

@@ -3,7 +3,11 @@ ranking policies as the arms of an A/B test whose true effect is known.
 
 A lake ingested from a generated bundle keeps the bundle's manifest as ``LAKE/world.json`` (written
 by the ingest flow), which is enough to rebuild the world exactly (``World.build(users, seed)``) and
-to re-run its logged sessions (``World.run(policy='ab', seed=seed)``). Lake ids are keyed
+to re-run its logged sessions (``World.run(policy='ab', seed=seed)``). As the ``world`` simulator its
+shoppers draw random numbers of their own, keyed by a seed derived from the evaluation's (never the
+draws that made the real sessions, in the lake or in the A/B arms), so what they do is measured like
+any simulator's, not repeated by construction; the draws are keyed by (session, step), so an episode
+is the same whichever batch steps it. Lake ids are keyed
 pseudonyms, so the world maps them back by keying its own raw ids with the lake's rekey key (the one
 the ingest used: ``IngestSettings``, i.e. ``TRAJFORGE_REKEY_KEY`` or the sample key).
 
@@ -36,7 +40,7 @@ from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
 from evaluation.session import Session
-from evaluation.simulators import Messages, Simulator, drive
+from evaluation.simulators import Messages, Sampling, Simulator, derived_seed, drive
 from flows.ingest import WORLD_FILE, world_path
 from synthetic.behaviour import INLINE_REVIEWS, PANEL_REVIEWS, UI_STATES
 from synthetic.bundle import GENERATOR_VERSION, write_tables
@@ -102,10 +106,18 @@ class WorldSimulator:
     Each episode must be a session of a run the simulator knows: the logged sessions of the lake
     (``policy='ab'``) and any per-policy run added with ``know``. Answers are PROTOCOL.md §2 JSON, so
     the environment judges them as it judges any simulator's.
+
+    ``seed`` is the world's run seed, ``stepwise_seed`` keys the draws of the A/B arms' real runs
+    (``policy_arm``), and ``draws`` those of the shoppers acting here: None shares each run's own
+    draws (common random numbers: the shoppers repeat a keyed run's sessions where the environment
+    lets them), a number gives them draws of their own.
     """
 
-    def __init__(self, world: World, seed: int, rekey_key: str, stepwise_seed: int = 0) -> None:
-        self.world, self.seed, self.stepwise_seed = world, seed, stepwise_seed
+    def __init__(
+        self, world: World, seed: int, rekey_key: str, stepwise_seed: int = 0, draws: int | None = None
+    ) -> None:
+        self.world, self.seed, self.stepwise_seed, self.draws = world, seed, stepwise_seed, draws
+        self.parameters = {"spec": "world", "draws": draws}
         self.rekey_key = rekey_key
         self._keys = Pseudonymizer(rekey_key)
         self.user_ids = self._keys.column(world.user_ids, "user")  # lake pseudonym of world user i
@@ -121,7 +133,7 @@ class WorldSimulator:
         if sessions and sessions[0] in self._session_run:  # runs are deterministic: known already
             return
         index = {session: k for k, session in enumerate(sessions)}
-        self._known.append(_Known(StepwiseShoppers(self.world, run, self.stepwise_seed), index))
+        self._known.append(_Known(StepwiseShoppers(self.world, run, self.draws), index))
         self._session_run.update(dict.fromkeys(sessions, len(self._known) - 1))
 
     def acceptable(self, shown: pl.DataFrame) -> pl.DataFrame:
@@ -221,10 +233,21 @@ def _screen_row(rollout: Rollout, session_index: dict[str, int], item_index: dic
     }
 
 
-def world_from_lake(lake: str | Path, settings: IngestSettings | None = None) -> WorldSimulator:
-    """The ``world`` simulator of a lake generated from a synthetic world (a plain error otherwise)."""
+def world_draws(seed: int, real: int = 0) -> int:
+    """The key of the world simulator's own draws for the evaluation seed ``seed``: derived from it,
+    and never ``real``, the key of the A/B arms' real runs."""
+    draws = derived_seed(seed, "world")
+    return draws if draws != real else draws + 1
+
+
+def world_from_lake(
+    lake: str | Path, sampling: Sampling | None = None, settings: IngestSettings | None = None
+) -> WorldSimulator:
+    """The ``world`` simulator of a lake generated from a synthetic world (a plain error otherwise),
+    its shoppers drawing by the seed of ``sampling`` (the evaluation's; 42 by default)."""
     world, seed = load_world(lake)
-    return WorldSimulator(world, seed, (settings or IngestSettings()).rekey_key)
+    rekey_key = (settings or IngestSettings()).rekey_key
+    return WorldSimulator(world, seed, rekey_key, draws=world_draws((sampling or Sampling()).seed))
 
 
 # --- the A/B test ----------------------------------------------------------------------------

@@ -7,9 +7,10 @@ and what was done so far (``ShopperState``), and each shopper answers with one
 action chosen by the very decision functions the log generator uses
 (``behaviour.choose_on_feed`` / ``choose_on_page``), with the session's plan
 (budget), feed appeal and traits taken from the run. The random draws are keyed by
-(session, step) (``behaviour.KeyedDraws``): with a run made with ``keyed_draws``,
-the stepwise shoppers draw the very numbers the run's shoppers drew, step by step
-(common random numbers); with any other run, numbers of their own.
+(session, step) (``behaviour.KeyedDraws``): with a run made with ``keyed_draws`` and
+no seed of their own, the stepwise shoppers draw the very numbers the run's shoppers
+drew, step by step (common random numbers); given a seed, or with any other run,
+numbers of their own.
 
 Items are catalog indices and sessions are indices into the run's sessions; mapping
 another environment's ids onto them is the caller's business.
@@ -73,10 +74,13 @@ class Decision:
 class StepwiseShoppers:
     """The shoppers of one ``World.run``, deciding one step per call for any subset of its sessions."""
 
-    def __init__(self, world: World, run: Run, seed: int = 0) -> None:
+    def __init__(self, world: World, run: Run, seed: int | None = None) -> None:
+        """``seed`` keys the shoppers' own draws; None shares the run's keyed draws (0 for a run
+        without them)."""
         self.world, self.run = world, run
-        shared = run.keyed_draws if run.keyed_draws is not None else seed
-        self.key = (world.seed, run.seed, shared)
+        if seed is None:
+            seed = run.keyed_draws if run.keyed_draws is not None else 0
+        self.key = (world.seed, run.seed, seed)
         # (session, item) -> feed column, for the appeal of a card named by its item
         session, column = np.nonzero(run.feeds.item >= 0)
         keys = session.astype(np.int64) * world.catalog.size + run.feeds.item[session, column]

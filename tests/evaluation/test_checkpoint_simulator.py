@@ -90,3 +90,49 @@ def test_sampling_is_reproducible_with_its_seed(checkpoint):
 def test_a_folder_without_a_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is not a model folder"):
         load(tmp_path)
+
+
+class Uniform:
+    """A row's stream that yields the given uniforms."""
+
+    def __init__(self, *values: float) -> None:
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+def test_a_row_is_drawn_from_the_top_p_nucleus_by_its_own_uniform(checkpoint):
+    sim = load(checkpoint, temperature=1.0, top_p=0.6)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]]))
+    # mass before each token, most likely first: 0, 0.5, 0.8; those below 0.6 stay, 0.5 and 0.3,
+    # renormalised 0.625 and 0.375: a uniform below 0.625 picks the likeliest, above it the second
+    picks = [sim.next_tokens(logits, [Uniform(u), Uniform(u)]).tolist() for u in (0.1, 0.6, 0.7, 0.99)]
+    assert picks == [[0, 2], [0, 2], [1, 1], [1, 1]]
+    assert load(checkpoint, temperature=0.0).next_tokens(logits, []).tolist() == [0, 2]
+
+
+def test_greedy_decoding_equals_generate(checkpoint):
+    sim = load(checkpoint, max_new_tokens=6, temperature=0.0)
+    row = sim.rows(prompts()[:1])[0]
+    with torch.inference_mode():
+        out = sim.model.generate(input_ids=torch.tensor([row]), max_new_tokens=6, do_sample=False,
+                                 pad_token_id=sim.tokenizer.pad_token_id)  # fmt: skip
+    assert sim.act(prompts()[:1]) == sim.tokenizer.batch_decode(out[:, len(row) :], skip_special_tokens=True)
+
+
+def test_a_sampled_answer_depends_on_its_key_alone(checkpoint, monkeypatch):
+    import evaluation.checkpoint_simulator as module
+
+    sim = load(checkpoint, max_new_tokens=8)
+    shown, keys = prompts(), [("s0", 0), ("s1", 3), ("s2", 1)]
+    together = sim.act(shown, keys)
+    # alone, in another order, in a batch of two, or left-padded without the shared system turn
+    assert together == [sim.act([p], [k])[0] for p, k in zip(shown, keys, strict=True)]
+    assert sim.act(shown[::-1], keys[::-1]) == together[::-1]
+    assert load(checkpoint, max_new_tokens=8, max_batch=2).act(shown, keys) == together
+    monkeypatch.setattr(module, "MIN_SHARED_TOKENS", 10**9)
+    assert sim.act(shown, keys) == together
+    # another step of the same sessions, or another seed, draws anew
+    assert sim.act(shown, [(s, step + 1) for s, step in keys]) != together
+    assert load(checkpoint, max_new_tokens=8, seed=7).act(shown, keys) != together

@@ -114,7 +114,7 @@ def test_the_manifest_records_seed_sampling_and_environment(tmp_path):
     manifest = json.loads(traces_manifest_path(path).read_text())
     assert manifest["run"]["kind"] == "rollout" and manifest["run"]["source"] == "random:9"
     assert manifest["run"]["environment"]["budget_single"] == 31  # the reference's budget
-    assert manifest["run"]["simulator"] == {}  # the random baseline declares no parameters
+    assert manifest["run"]["simulator"] == {"spec": "random", "seed": 9}
 
 
 class AnswersAllButSecond(Counting):

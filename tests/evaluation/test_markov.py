@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 
 import polars as pl
@@ -66,7 +67,8 @@ def test_only_executable_actions_are_drawn_by_their_counts():
     shown = Shown(
         "feed", START, {"click": "click", "end": "end", "scroll_down": "s"}, [("A", "Bags")], [], []
     )
-    drawn = Counter(markov.next_action(shown) for _ in range(1000))
+    rng = random.Random(0)
+    drawn = Counter(markov.next_action(shown, rng) for _ in range(1000))
     # click 3/4 of 1000 = 750, sd sqrt(1000 * 0.75 * 0.25) = 13.7; scroll_down has no count
     assert set(drawn) == {"click", "end"}
     assert 690 <= drawn["click"] <= 810
@@ -75,7 +77,8 @@ def test_only_executable_actions_are_drawn_by_their_counts():
 def test_a_state_the_train_split_never_saw_is_uniform_over_the_executable_actions():
     markov = chain([("feed", START, "click", 3)])
     shown = Shown("ipv", "click", {"back_home": "b", "end": "e"}, [], [], [])
-    assert {markov.next_action(shown) for _ in range(200)} == {"back_home", "end"}
+    rng = random.Random(0)
+    assert {markov.next_action(shown, rng) for _ in range(200)} == {"back_home", "end"}
 
 
 def test_a_click_follows_the_category_affinity_of_recent_clicks():
@@ -83,7 +86,8 @@ def test_a_click_follows_the_category_affinity_of_recent_clicks():
     shown = Shown(
         "feed", START, {}, [("A", "Bags"), ("B", "Shoes")], [], ["Red tote", "Blue tote", "Canvas bag"]
     )
-    picks = Counter(markov.card(shown) for _ in range(1000))
+    rng = random.Random(0)
+    picks = Counter(markov.card(shown, rng) for _ in range(1000))
     # weights 1 + 3 recent Bags clicks = 4 for A, 1 for B: A 0.8 of 1000 = 800, sd 12.6
     assert 750 <= picks["A"] <= 850
 
@@ -91,7 +95,8 @@ def test_a_click_follows_the_category_affinity_of_recent_clicks():
 def test_distances_come_from_the_real_ones_clipped_to_the_listed_range():
     markov = chain([])
     # the recorded distances are 50 and 5000; the range listed is 1..694
-    assert {markov.distance("scroll_down", 694) for _ in range(100)} == {50, 694}
+    rng = random.Random(0)
+    assert {markov.distance("scroll_down", 694, rng) for _ in range(100)} == {50, 694}
 
 
 @pytest.fixture(scope="module")

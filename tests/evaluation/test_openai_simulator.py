@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import random
 
 import pytest
 
@@ -20,8 +23,13 @@ KEY = "sk-test-DO-NOT-LEAK-4f1c"
 
 def shopper_answers(seed: int = 5):
     """A chat handler answering simulator JSON: a random executable action of the prompt shown."""
-    chooser = RandomSimulator(seed=seed)
-    return lambda body: chooser.answer(body["messages"][-1]["content"])
+    rng = random.Random(seed)
+    return lambda body: RandomSimulator.answer(body["messages"][-1]["content"], rng)
+
+
+def first_31_bits(*parts) -> int:
+    """A request's seed: the first 31 bits of sha256 of [seed, session, output index] as JSON."""
+    return int.from_bytes(hashlib.sha256(json.dumps(list(parts)).encode()).digest()[:8], "big") >> 33
 
 
 @pytest.fixture
@@ -54,8 +62,10 @@ def test_rollouts_over_http_send_the_protocol_sampling_and_no_response_format(se
     chats = server.chat_requests()
     assert len(chats) == summary.outputs == sum(len(t.steps) for t in traces)
     body = chats[0].body
-    assert (body["temperature"], body["top_p"], body["max_tokens"], body["seed"]) == (1.0, 0.95, 64, 42)
+    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (1.0, 0.95, 64)
     assert "response_format" not in body and body["model"] == "fake-model"
+    expected = {first_31_bits(42, t.session_id, k) for t in traces for k in range(len(t.steps))}
+    assert sorted(c.body["seed"] for c in chats) == sorted(expected)
 
 
 def test_a_batch_is_sent_concurrently_up_to_the_limit(tmp_path):

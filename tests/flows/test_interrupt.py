@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from extractors.fakeserver import FakeOpenAIServer
 from flows.cli import app
-from flows.interrupt import interrupted_line, keep_api_server_through_interrupts
+from flows.interrupt import guarded, interrupted_line, keep_api_server_through_interrupts
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.lake import read_lake_table
 
@@ -94,3 +95,45 @@ def test_prefect_starts_its_server_outside_the_terminals_process_group():
     out, _ = child.communicate(timeout=60)
     assert int(out) == child.pid != os.getsid(0)
     assert server.subprocess.TimeoutExpired is subprocess.TimeoutExpired  # the rest of the module as is
+
+
+def test_an_interrupted_evaluate_is_resumed_by_the_same_command():
+    line = interrupted_line("evaluate")
+    assert "every session's finished trace stays in --out" in line
+    assert "run the same `trajforge evaluate` command again to resume" in line
+    assert "the lake keeps its previous tables" not in line
+
+
+def test_a_guarded_server_ends_when_its_parent_is_killed(tmp_path):
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    assert guarded([sys.executable, "-m", "sleeper", "--port", "1"])[3:] == [
+        str(os.getpid()),
+        "sleeper",
+        "--port",
+        "1",
+    ]
+    # a parent starts the sleeper as Prefect starts its server, prints its pid and dies without cleaning up
+    parent = (
+        "import os, subprocess, sys\n"
+        "from flows.interrupt import guarded\n"
+        f"child = subprocess.Popen(guarded([sys.executable, '-m', 'sleeper']), cwd={str(tmp_path)!r}, "
+        "start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[2])])}
+    done = subprocess.run([sys.executable, "-c", parent], env=env, capture_output=True, text=True, timeout=60)
+    child = int(done.stdout)
+    # the guard checks its parent twice a second; SIGTERM ends the sleeper at once
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, ended but not yet reaped by its new parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

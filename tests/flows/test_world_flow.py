@@ -11,7 +11,7 @@ import pytest
 
 from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
-from evaluation.simulators import RandomSimulator, drive
+from evaluation.simulators import RandomSimulator, Sampling, drive
 from flows.ingest import ingest_flow, world_path
 from flows.world import (
     NoWorldError,
@@ -71,7 +71,8 @@ def test_the_world_refuses_prompt_text_and_foreign_keys(lake: Path, tmp_path):
 
 
 def test_policy_arms_replay_the_worlds_own_shoppers_under_shared_draws(lake: Path, tmp_path):
-    world = world_from_lake(lake)
+    own = world_from_lake(lake)
+    world = WorldSimulator(own.world, own.seed, own.rekey_key, draws=None)  # common random numbers
     users = sorted({s.user_id for s in load_sessions(lake)})[:30]
     half_a, half_b = split_halves(users, seed=1)
     assert (len(half_a), len(half_b)) == (15, 15) and not set(half_a) & set(half_b)
@@ -106,3 +107,39 @@ def test_effect_of_a_prompt_simulator_against_the_worlds_arms(lake: Path, tmp_pa
     assert effect.real_delta == pytest.approx(ctr["B"] - ctr["A"], rel=1e-12)
     assert effect.ratio == pytest.approx(effect.sim_delta / effect.real_delta, rel=1e-12)
     assert effect.error == pytest.approx(abs(1 - effect.ratio), rel=1e-12)
+
+
+def actions(rollouts: list[Rollout]) -> list[list[str | None]]:
+    return [[a.action for a in r.attempts] for r in rollouts]
+
+
+def test_the_world_as_a_simulator_draws_its_own_numbers_the_same_for_a_seed(lake: Path):
+    sessions = load_sessions(lake, split="test")
+    together = [Rollout(s) for s in sessions]
+    drive(together, world_from_lake(lake, Sampling(seed=42)))
+    # its own draws part from the logged sessions somewhere (the same shoppers, other random numbers)
+    assert any(
+        a != [step.action for step in s.steps] for a, s in zip(actions(together), sessions, strict=True)
+    )
+    # the same seed repeats every episode, whether stepped with the others or alone; another draws anew
+    alone = [Rollout(s) for s in sessions[:5]]
+    world = world_from_lake(lake, Sampling(seed=42))
+    for rollout in alone:
+        drive([rollout], world)
+    assert actions(alone) == actions(together)[:5]
+    other = [Rollout(s) for s in sessions]
+    drive(other, world_from_lake(lake, Sampling(seed=7)))
+    assert actions(other) != actions(together)
+
+
+def test_the_worlds_effect_is_measured_not_repeated(lake: Path):
+    users = sorted({s.user_id for s in load_sessions(lake)})[:30]
+    world = world_from_lake(lake)
+    effect = effect_for_lake(lake, world, world, users=users, seed=1)
+    # its shoppers' own draws make other clicks than the arms' real ones: the simulated delta is not the
+    # real one, and the bootstrap interval of the ratio is not the single point [1, 1]
+    assert effect.sim_delta != effect.real_delta
+    low, high = effect.ci
+    assert low < high
+    again = world_from_lake(lake)
+    assert effect_for_lake(lake, again, again, users=users, seed=1).as_dict() == effect.as_dict()
