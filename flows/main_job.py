@@ -70,7 +70,7 @@ class MainJobSettings(BaseModel):
         ["world", "markov", "random"], description="simulators beside the checkpoint"
     )
     # PF counts a scheme with two cohorts of 30 sessions a side: on the embedded default's 24 test
-    # shoppers, 100 sessions are the fewest that give two schemes (activity has one such cohort at 200)
+    # shoppers two schemes qualify from 95 sessions on (activity has one such cohort even at 200)
     sessions: int = Field(100, ge=1, description="held-out sessions rolled out and replayed")
     effect_users: int = Field(16, ge=2, description="held-out users in the A/B effect test")
     max_new_tokens: int = Field(96, ge=1, description="tokens a checkpoint may write per answer")
