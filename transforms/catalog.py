@@ -10,6 +10,9 @@ with ``temp_directory`` set) stops every query with the remedy instead.
 Every stage that writes a table rebuilds the catalog: beside the old file, then
 renamed over it, so a reader holding the old one open never blocks a stage and
 never sees a half-built catalog (on Linux it keeps reading the file it opened).
+
+The file is written in DuckDB 1.0's storage format, which every DuckDB from 0.10 on
+reads (the 1.x command line, DBeaver's driver), rather than 2.0's, which only 2.0 reads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import polars as pl
 from transforms.schemas import LAKE_TABLES
 
 WAREHOUSE = "warehouse.duckdb"
+#: the storage format the catalog is written in (DuckDB's header calls it version 64)
+STORAGE_FORMAT = "v1.0.0"
 
 #: name -> (description, body of a DuckDB table macro)
 MACROS: dict[str, tuple[str, str]] = {
@@ -115,7 +120,7 @@ def refresh_catalog(lake: str | Path) -> Path:
 
 def _build(path: Path, lake: Path) -> None:
     tables = lake_tables(lake)
-    with duckdb.connect(str(path)) as con:
+    with duckdb.connect(str(path), config={"storage_compatibility_version": STORAGE_FORMAT}) as con:
         con.execute(LAKE_FOLDER_MACRO.format(remedy=REMEDY.replace("'", "''")))
         for name in tables:
             # union_by_name: files of one table may come from stages that add columns later

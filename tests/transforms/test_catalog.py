@@ -56,6 +56,14 @@ def _plain_count(warehouse: Path, cwd: Path) -> int:
     return int(result.stdout)
 
 
+def test_written_in_a_storage_format_duckdb_1_reads(lake):
+    # DuckDB's file header: 8 bytes of checksum, the magic, then the storage version number; 64 is
+    # the format of DuckDB 0.10 to 1.x, which their readers accept (2.0 writes a newer one by default)
+    header = (lake / "warehouse.duckdb").read_bytes()[:20]
+    assert header[8:12] == b"DUCK"
+    assert int.from_bytes(header[12:20], "little") == 64
+
+
 def test_rebuilt_while_another_process_holds_the_catalog_open(lake):
     reader = subprocess.Popen(
         [sys.executable, "-c", HOLD_OPEN, str(lake / "warehouse.duckdb")],
