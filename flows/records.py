@@ -115,7 +115,10 @@ def export_line(exported: dict) -> str:
     """One sentence on an export: lines written and states left out for want of a gold response."""
     summary = ExportSummary.model_validate(exported)
     line = f"exported {summary.lines:,} chat lines to {summary.path}"
-    return f"{line}; {summary.describe_left_out()}" if summary.left_out else line
+    if summary.left_out:
+        line = f"{line}; {summary.describe_left_out()}"
+    longest = summary.longest_token_estimate
+    return f"{line}; the longest is about {longest:,} tokens: train with a max_length of at least that"
 
 
 def print_records_summary(console: Console, result: dict) -> None:

@@ -856,17 +856,20 @@ def _for_mode(intents: pl.DataFrame | None, mode: str) -> pl.DataFrame | None:
 
 
 def chat_lines(records: pl.LazyFrame) -> pl.LazyFrame:
-    """One JSON object per record: {"record_id": ..., "messages": [system, user, assistant]}
-    (TRL, LLaMA-Factory read ``messages`` and ignore the rest); the id traces a line to its state."""
+    """One JSON object per record in the conversational prompt-completion form, ``{"record_id": ...,
+    "prompt": [system, user], "completion": [assistant]}``: TRL's ``SFTTrainer`` then trains on the
+    completion only (its default for that form), where a ``messages`` line would teach the prompt too
+    unless the model's chat template marks the assistant's turn; the id traces a line to its state."""
 
     def message(role: str, content: str) -> pl.Expr:
         return pl.struct(pl.lit(role).alias("role"), pl.col(content).alias("content"))
 
-    messages = pl.concat_list(
-        [message("system", "system"), message("user", "prompt"), message("assistant", "response")]
-    )
-    line = pl.struct(pl.col("record_id"), messages.alias("messages")).struct.json_encode()
-    return records.select(line.alias("line"))
+    prompt = pl.concat_list([message("system", "system"), message("user", "prompt")])
+    completion = pl.concat_list([message("assistant", "response")])
+    line = pl.struct(
+        pl.col("record_id"), prompt.alias("prompt"), completion.alias("completion")
+    ).struct.json_encode()
+    return records.select(line.alias("line"), pl.col("token_estimate"))
 
 
 class ExportSummary(BaseModel):
@@ -875,6 +878,8 @@ class ExportSummary(BaseModel):
     path: str
     lines: int = 0
     left_out: dict[str, int] = {}  # by GOLD_MISSING reason
+    # a trainer's sequence limit below this cuts the answer off the longest lines (TRL's default: 1024)
+    longest_token_estimate: int = 0
 
     def describe_left_out(self) -> str:
         reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(self.left_out.items()))
@@ -911,11 +916,13 @@ def export_chat_jsonl(
             for part in table_files(lake, "records"):
                 frame = _selected(_records_part(part), splits, modes)
                 _count_left_out(frame, summary.left_out)
-                lines = chat_lines(frame.filter(pl.col("gold_missing").is_null())).collect()["line"]
-                for line in lines:
+                chosen = chat_lines(frame.filter(pl.col("gold_missing").is_null())).collect()
+                for line in chosen["line"]:
                     out.write(line)
                     out.write("\n")
-                summary.lines += lines.len()
+                summary.lines += chosen.height
+                longest = chosen["token_estimate"].max()
+                summary.longest_token_estimate = max(summary.longest_token_estimate, int(longest or 0))
         if summary.lines == 0:
             raise NothingToTrainOn(_nothing_to_train_on(summary, splits, modes), summary)
         os.replace(temporary, target)

@@ -114,7 +114,7 @@ def test_export_after_a_partly_failed_extraction(server, lake, tmp_path):
     assert exported.lines == 26 and exported.left_out == {"rationale_quarantined": 1}
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(lines) == 26 and ENTER_COMMENT not in {line["record_id"] for line in lines}
-    assert all(json.loads(line["messages"][2]["content"])["rationale"].strip() for line in lines)
+    assert all(json.loads(line["completion"][0]["content"])["rationale"].strip() for line in lines)
 
 
 def test_second_run_sends_zero_requests(server, lake):

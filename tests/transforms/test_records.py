@@ -623,10 +623,18 @@ def test_export_after_a_partly_failed_extraction(tmp_path):
     assert exported.lines == 7 and exported.left_out == {"rationale_quarantined": 1, "rationale_missing": 2}
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert sorted(line["record_id"] for line in lines) == sorted(k for k in said if k != "s1:2")
+    records = read_lake_table(tmp_path, "records").filter(pl.col("split") == "train")
+    by_id = {r["record_id"]: r for r in records.iter_rows(named=True)}
     for line in lines:
-        assert [m["role"] for m in line["messages"]] == ["system", "user", "assistant"]
-        gold = json.loads(line["messages"][2]["content"])
+        assert set(line) == {"record_id", "prompt", "completion"}  # TRL's conversational prompt-completion
+        assert [m["role"] for m in line["prompt"]] == ["system", "user"]
+        assert [m["role"] for m in line["completion"]] == ["assistant"]
+        record = by_id[line["record_id"]]
+        assert [m["content"] for m in line["prompt"]] == [record["system"], record["prompt"]]
+        gold = json.loads(line["completion"][0]["content"])
         assert gold["rationale"] == said[line["record_id"]] and gold["rationale"].strip()
+    exported_ids = {line["record_id"] for line in lines}
+    assert exported.longest_token_estimate == max(by_id[k]["token_estimate"] for k in exported_ids)
     assert (
         exported.describe_left_out()
     ) == "left out 3 states without a gold rationale: 2 rationale_missing, 1 rationale_quarantined"
