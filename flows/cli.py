@@ -495,18 +495,34 @@ def evaluate(
     effect_users: Annotated[
         int | None, typer.Option("--effect-users", min=2, help="held-out users in the A/B test (all)")
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="continue the evaluation in --out with these settings (its traces kept)"
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="replace the evaluation in --out (its traces and reports removed)"),
+    ] = False,
 ) -> None:
     """Roll out and replay each simulator on the lake's sessions, score them against the real ones, and
-    write report.json and report.html (a killed run resumes from its traces)."""
+    write report.json and report.html. Run again as it was, a killed run resumes from its traces; an
+    --out holding another evaluation is refused unless told --resume or --overwrite."""
+    from flows.evaluate_folder import check_evaluation_folder, run_settings, start_evaluation
+
     split = Split(split).value  # type: ignore[assignment]
     check_lake(lake, ["steps", "sessions", "feed_layouts", "items"])
     check_sessions(lake, split)
     check_simulator_checkpoints(simulator)
-    check_writable_folder(out)
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    asked = run_settings(lake, simulator, split=split, sessions=sessions, sampling=sampling,
+                         batch_size=batch_size, effect=effect, effect_users=effect_users)  # fmt: skip
+    check_evaluation_folder(out, asked, resume, overwrite)
 
     from flows.evaluate import evaluate_flow  # Prefect and the data stack load once the inputs passed
 
-    sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    start_evaluation(out, asked, overwrite)
     result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
                            sampling, batch_size, effect, effect_users)  # fmt: skip
     console.print(f"[bold]report:[/bold] {result['html']}", soft_wrap=True)
