@@ -199,6 +199,8 @@ def test_a_truncated_or_missing_base_is_one_line(tmp_path, lake):
     assert not (tmp_path / "run").exists()
     whole = model_folder(tmp_path / "whole", safetensors(16))  # the same file, whole
     assert str(check_model_folder(whole)) == whole
+    (tmp_path / "whole" / "tokenizer.json").unlink()  # what transformers reports as a missing package
+    one_line(runner.invoke(app, [*args[:-1], whole]), 1, f"--base {whole}", "has no tokenizer")
 
 
 def held_split(lake) -> str:
@@ -281,3 +283,18 @@ def test_an_error_inside_a_flow_is_one_line_without_prefects_tracebacks(tmp_path
     assert "Traceback" not in output and "│" not in output  # neither Python's traceback nor Rich's
     said = [line for line in output.splitlines() if line.startswith("stopped: ")]
     assert len(said) == 1 and "unknown simulator 'oracle'" in said[0], output
+
+
+@pytest.mark.parametrize("command", ["ingest", "records", "extract", "train", "run"])
+def test_every_command_reading_a_config_refuses_a_misspelt_section(tmp_path, lake, command):
+    config = tmp_path / "run.toml"
+    config.write_text("[trian]\nsteps = 2\n")
+    args = {
+        "ingest": ["ingest", str(lake), "--lake", str(tmp_path / "new")],
+        "records": ["records", "--lake", str(lake)],
+        "extract": ["extract", "--lake", str(lake)],
+        "train": ["train", "--lake", str(lake), "--stage", "optd", "--out", str(tmp_path / "run")],
+        "run": ["run", "--workdir", str(tmp_path / "work")],
+    }[command]
+    one_line(runner.invoke(app, [*args, "--config", str(config)]), 1, "unknown section [trian]", "'train'")
+    assert not (tmp_path / "new").exists() and not (tmp_path / "work").exists()
