@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,18 +16,111 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows.interrupt import InterruptibleGroup
+from flows.preflight import (
+    check_lake,
+    check_new_lake,
+    check_sessions,
+    check_simulator_checkpoints,
+    check_writable_file,
+    check_writable_folder,
+)
 from flows.settings import load_settings, toml_section
 from flows.summary import print_ingest_summary, progress_bar
 from transforms.config import IngestSettings
 
+#: errors that stop a command cleanly: one line, exit code 1 (a ValueError is a bad value given, a
+#: missing file a path given); any other error keeps its traceback, for it is a bug to report
+STOPS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, NotADirectoryError,
+                                          IsADirectoryError, PermissionError, FileExistsError)  # fmt: skip
+#: the stage errors that stop cleanly too, by module: looked up only once their module is imported
+STOPS_BY_MODULE = {
+    "transforms.readers": "BundleError",
+    "validation.report": "GateError",
+    "flows.train": "StageNotAvailable",
+    "trainer.pretrained": "ModelUnavailable",
+}
+USAGE_EXIT_CODE = 2  # click's, for a command line it cannot parse
+#: what typer raises for a command line it cannot parse (its own click, whose module is not public)
+UsageError = next(kind for kind in typer.BadParameter.__mro__ if kind.__name__ == "UsageError")
+
+
+def clean_stops() -> tuple[type[BaseException], ...]:
+    """``STOPS`` and those of ``STOPS_BY_MODULE`` already imported (an error of a module never
+    imported cannot have been raised)."""
+    loaded = (getattr(sys.modules[m], name, None) for m, name in STOPS_BY_MODULE.items() if m in sys.modules)
+    return STOPS + tuple(kind for kind in loaded if isinstance(kind, type))
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message as one line (a pydantic error: each refused field with its reason)."""
+    from pydantic import ValidationError
+
+    from flows.settings import validation_line
+
+    text = validation_line(err) if isinstance(err, ValidationError) else str(err)
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        text = f"{err.filename}: {err.strerror}"
+    return " ".join(part.strip() for part in text.splitlines() if part.strip()) or type(err).__name__
+
+
+class QuietCleanStops(logging.Filter):
+    """Prefect's run loggers print the traceback of a failed task or flow; for a clean stop the
+    command prints its own line, so the record keeps its message and loses the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], clean_stops()):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_clean_stops() -> None:
+    """Install ``QuietCleanStops`` on Prefect's flow- and task-run loggers (idempotent)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QuietCleanStops) for f in logger.filters):
+            logger.addFilter(QuietCleanStops())
+
+
+class CommandLine(InterruptibleGroup):
+    """The command group: beside Ctrl-C's line, a usage error is one line (exit code 2) and a clean
+    stop (a bad input, a stage's refusal) one line (exit code 1), never a traceback."""
+
+    errors = Console(stderr=True, soft_wrap=True, highlight=False)
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        resolved = super().resolve_command(ctx, args)
+        quiet_clean_stops()  # after Prefect is imported: its logging setup comes first
+        return resolved
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            command = (err.ctx or ctx).command_path
+            # typer's coercion prefixes its reason with "Value error, "
+            reason = " ".join(err.format_message().replace("Value error, ", "").split())
+            self.errors.print(f"[red]error:[/red] {escape(reason)} (see {escape(command)} --help)")
+            raise typer.Exit(USAGE_EXIT_CODE) from None
+        except clean_stops() as err:
+            raise stopped(err) from None
+
+
 app = typer.Typer(
-    cls=InterruptibleGroup,
+    cls=CommandLine,
     help="Build faithful shopper-simulator datasets from interaction logs.",
     no_args_is_help=True,
 )
 console = Console()
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
+
+
+class Split(StrEnum):
+    """A lake's session split (``--split``): a choice the shell completes and click checks."""
+
+    train = "train"
+    val = "val"
+    test = "test"
 
 
 def config_option(*sections: str) -> object:
@@ -40,10 +135,34 @@ RecordsConfig = Annotated[Path | None, config_option("records")]
 RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract", "train", "optd", "main_job")]
 
 
-def stopped(err: Exception) -> typer.Exit:
-    """Print a stage's clean stop (a gate or a bundle problem) as its paragraph, no traceback."""
-    console.print(f"[red]stopped:[/red] {escape(str(err))}", soft_wrap=True)
+def stopped(err: BaseException) -> typer.Exit:
+    """Print a clean stop (a bad input, a gate, a bundle problem) as one line on stderr, no traceback."""
+    CommandLine.errors.print(f"[red]stopped:[/red] {escape(one_line(err))}")
     return typer.Exit(1)
+
+
+class BundleFormat(StrEnum):
+    """The file format of a synthetic bundle's tables (``synth --format``)."""
+
+    parquet = "parquet"
+    jsonl = "jsonl"
+    jsonl_gz = "jsonl.gz"
+    csv = "csv"
+
+
+class SourceFormat(StrEnum):
+    """What ``ingest`` reads (``--format``)."""
+
+    bundle = "bundle"
+    userarena = "userarena"
+
+
+class Mode(StrEnum):
+    """The records' history mode (``records --mode``)."""
+
+    single = "single"
+    cross = "cross"
+    both = "both"
 
 
 @app.command()
@@ -51,11 +170,15 @@ def synth(
     out: Annotated[Path, typer.Option("--out", help="folder for the raw log bundle")] = Path("sample/raw"),
     users: Annotated[int, typer.Option("--users", min=1, help="number of shoppers")] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
-    fmt: Annotated[str, typer.Option("--format", help="parquet | jsonl | jsonl.gz | csv")] = "parquet",
+    fmt: Annotated[BundleFormat, typer.Option("--format", help="tables' file format")] = BundleFormat.parquet,
 ) -> None:
     """Generate a raw log bundle from the synthetic shopping world."""
     from synthetic.bundle import write_bundle
 
+    fmt = BundleFormat(fmt).value  # type: ignore[assignment]  # `run` calls this with a plain name
+    if out.exists() and not out.is_dir():
+        raise stopped(ValueError(f"--out {out} is a file, not a folder"))
+    check_writable_folder(out.parent)  # the bundle is written beside it, then renamed into place
     started = time.perf_counter()
     with progress_bar(console) as bar:
         bar.add_task(f"synthesising {users} shoppers (seed {seed})", total=None)
@@ -77,27 +200,24 @@ def ingest(
     buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
     source_format: Annotated[
-        str, typer.Option("--format", help="bundle (raw log bundle folder) | userarena (release JSONL)")
-    ] = "bundle",
+        SourceFormat,
+        typer.Option("--format", help="bundle (raw log bundle folder) | userarena (release JSONL)"),
+    ] = SourceFormat.bundle,
 ) -> None:
     """Raw log bundle (or UserArena release) -> step-aligned lake tables, quarantine, DuckDB catalog."""
     from flows.ingest import ingest_flow
-    from transforms.readers import BundleError
-    from validation.report import GateError
 
     settings = load_settings(IngestSettings, "ingest", config, buckets=buckets)
-    try:
-        with progress_bar(console) as bar:
-            bar.add_task(f"ingesting {raw}", total=None)
-            summary = ingest_flow(
-                str(raw.resolve()),
-                str(lake.resolve()),
-                settings=settings,
-                force=force,
-                source_format=source_format,
-            )
-    except (BundleError, GateError) as err:
-        raise stopped(err) from None
+    check_new_lake(lake)
+    with progress_bar(console) as bar:
+        bar.add_task(f"ingesting {raw}", total=None)
+        summary = ingest_flow(
+            str(raw.resolve()),
+            str(lake.resolve()),
+            settings=settings,
+            force=force,
+            source_format=SourceFormat(source_format).value,
+        )
     print_ingest_summary(console, summary)
 
 
@@ -105,19 +225,15 @@ def ingest(
 def chain(lake: LakeOption = Path("sample/lake")) -> None:
     """Sessions -> per-user histories, with chain statistics beside the UserArena paper's."""
     from flows.chain import chain_command
-    from validation.report import GateError
 
-    try:
-        chain_command(str(lake))
-    except GateError as err:
-        raise stopped(err) from None
+    chain_command(str(check_lake(lake, ["sessions"])))
 
 
 @app.command()
 def records(
     lake: LakeOption = Path("sample/lake"),
     config: RecordsConfig = None,
-    mode: Annotated[str, typer.Option("--mode", help="single | cross | both")] = "both",
+    mode: Annotated[Mode, typer.Option("--mode", help="history: the session's, across sessions")] = Mode.both,
     window_single: Annotated[
         int | None, typer.Option("--window-single", help="past steps shown, single mode (10)")
     ] = None,
@@ -138,8 +254,6 @@ def records(
     """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
     from flows.records import records_command
     from transforms.prompts import PromptSettings
-    from transforms.records import NothingToTrainOn
-    from validation.report import GateError
 
     settings = load_settings(
         PromptSettings,
@@ -150,17 +264,29 @@ def records(
         recent_clicks=recent_clicks,
         recent_buys=recent_buys,
     )
-    try:
-        records_command(
-            str(lake),
-            mode,
-            settings,
-            chunk_states,
-            str(export_jsonl) if export_jsonl else None,
-            export_split,
-        )
-    except (GateError, NothingToTrainOn) as err:
-        raise stopped(err) from None
+    check_export_split(export_split)
+    check_lake(lake, ["steps", "sessions", "items"])
+    if export_jsonl is not None:
+        check_writable_file(export_jsonl, "--export-jsonl")
+    records_command(
+        str(lake),
+        Mode(mode).value,
+        settings,
+        chunk_states,
+        str(export_jsonl) if export_jsonl else None,
+        export_split,
+    )
+
+
+def check_export_split(value: str) -> None:
+    """``--export-split``: a split, a comma list of them, or ``all`` (a usage error otherwise)."""
+    splits = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [part for part in splits if part not in {split.value for split in Split}]
+    if value != "all" and (unknown or not splits):
+        shown = ", ".join(repr(part) for part in unknown) or repr(value)
+        choices = ", ".join(f"'{split.value}'" for split in Split)
+        raise typer.BadParameter(f"{shown}: give one of {choices}, a comma list of them, or 'all'",
+                                 param_hint="'--export-split'")  # fmt: skip
 
 
 def _register_extract() -> None:
@@ -189,7 +315,7 @@ def validate(
     """Validate lake tables against their Great Expectations suites; Data Docs per run."""
     from flows.validate import validate_command
 
-    validate_command(str(lake), table)
+    validate_command(str(check_lake(lake)), table)
 
 
 class SqlFormat(StrEnum):
@@ -213,6 +339,7 @@ def sql(
     from flows.summary import frame_as_csv, frame_as_json, print_frame
     from transforms.catalog import query as run_query
 
+    check_lake(lake)
     try:
         frame = run_query(lake, query)
     except (duckdb.Error, FileNotFoundError) as exc:
@@ -253,8 +380,9 @@ def run(
         "optd": demo_optd(toml_section(config, "train"), toml_section(config, "optd")),
         "job": load_settings(MainJobSettings, "main_job", config),
     }
+    check_writable_folder(workdir, "--workdir")
     raw, lake = workdir / "raw", workdir / "lake"
-    synth(out=raw, users=users, seed=seed, fmt="parquet")
+    synth(out=raw, users=users, seed=seed, fmt=BundleFormat.parquet)
     try:
         with progress_bar(console) as bar:
             bar.add_task("main job: pipeline (gated) -> train sft -> train optd -> evaluate", total=None)
@@ -321,9 +449,7 @@ def score(
     replay: Annotated[
         Path | None, typer.Option("--replay", help="replay predictions (JSONL): RVA, F1, Acc", exists=True)
     ] = None,
-    split: Annotated[
-        str, typer.Option("--split", help="sessions of a lake --real: train | val | test")
-    ] = "test",
+    split: Annotated[Split, typer.Option("--split", help="sessions of a lake --real")] = Split.test,
     lenient: Annotated[
         bool,
         typer.Option(
@@ -334,13 +460,12 @@ def score(
     """Score simulated traces against real ones: RVA, OVA, F1, Acc, DM-JSD, TE, PF, dCTR, dACR, T-JSD
     and the supplementary figures, printed as one JSON object. A key that a trace format does not
     declare (a misspelt one would read as missing) stops it, naming the line, unless --lenient."""
-    from evaluation.traces import TraceFormatError
     from flows.score import score_command
 
-    try:
-        score_command(real, sim, replay, split, strict=not lenient)
-    except TraceFormatError as err:
-        raise stopped(err) from None
+    if real.is_dir():
+        check_lake(real, ["steps", "items"], "--real")
+        check_sessions(real, Split(split).value)
+    score_command(real, sim, replay, Split(split).value, strict=not lenient)
 
 
 @app.command()
@@ -355,7 +480,7 @@ def evaluate(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", help="folder for the traces, report.json and report.html")],
-    split: Annotated[str, typer.Option("--split", help="sessions evaluated: train | val | test")] = "test",
+    split: Annotated[Split, typer.Option("--split", help="sessions evaluated")] = Split.test,
     sessions: Annotated[
         int | None, typer.Option("--sessions", min=1, help="evaluate only the first N sessions")
     ] = None,
@@ -370,17 +495,36 @@ def evaluate(
     effect_users: Annotated[
         int | None, typer.Option("--effect-users", min=2, help="held-out users in the A/B test (all)")
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="continue the evaluation in --out with these settings (its traces kept)"
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="replace the evaluation in --out (its traces and reports removed)"),
+    ] = False,
 ) -> None:
     """Roll out and replay each simulator on the lake's sessions, score them against the real ones, and
-    write report.json and report.html (a killed run resumes from its traces)."""
-    from flows.evaluate import evaluate_flow
+    write report.json and report.html. Run again as it was, a killed run resumes from its traces; an
+    --out holding another evaluation is refused unless told --resume or --overwrite."""
+    from flows.evaluate_folder import check_evaluation_folder, run_settings, start_evaluation
 
+    split = Split(split).value  # type: ignore[assignment]
+    check_lake(lake, ["steps", "sessions", "feed_layouts", "items"])
+    check_sessions(lake, split)
+    check_simulator_checkpoints(simulator)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
-    try:
-        result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
-                               sampling, batch_size, effect, effect_users)  # fmt: skip
-    except ValueError as err:
-        raise stopped(err) from None
+    asked = run_settings(lake, simulator, split=split, sessions=sessions, sampling=sampling,
+                         batch_size=batch_size, effect=effect, effect_users=effect_users)  # fmt: skip
+    check_evaluation_folder(out, asked, resume, overwrite)
+
+    from flows.evaluate import evaluate_flow  # Prefect and the data stack load once the inputs passed
+
+    start_evaluation(out, asked, overwrite)
+    result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
+                           sampling, batch_size, effect, effect_users)  # fmt: skip
     console.print(f"[bold]report:[/bold] {result['html']}", soft_wrap=True)
     console.print(f"[bold]figures:[/bold] {result['json']}", soft_wrap=True)
 

@@ -24,6 +24,7 @@ from evaluation.loader import load_sessions
 from evaluation.report import EFFECT_KEYS, comparison_markdown, training_runs, write_report
 from evaluation.simulators import LAKE_SIMULATORS, Sampling, StateSimulator, simulator_for_lake
 from flows.alignment import alignment_report
+from flows.evaluate_folder import scored_run
 from flows.ingest import world_path
 from flows.score import export_real_traces, score_files
 from flows.world import effect_for_lake, held_out_users, world_from_lake
@@ -162,7 +163,7 @@ def evaluate_flow(
     real = real_traces(lake, out, split, chosen)
     written, figures, effects = {}, {}, {}
     for spec in simulators:
-        written[spec] = simulate(lake, spec, out, chosen, sampling or {}, batch_size)
+        written[spec] = scored_run(simulate(lake, spec, out, chosen, sampling or {}, batch_size), chosen)
         figures[spec] = score_simulator(real["path"], written[spec])
         effects[spec] = (
             estimate_effect(lake, spec, split, effect_users) if effect else no_effect(lake, spec, out)

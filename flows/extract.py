@@ -35,6 +35,7 @@ from extractors.pipeline import (
     record_summary,
 )
 from flows.catalog import refresh_catalog_task
+from flows.preflight import check_lake
 from flows.settings import load_settings
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
@@ -169,6 +170,7 @@ def extract_command(
         max_tokens=max_tokens,
         request_timeout_s=request_timeout,
     )
+    check_lake(lake, ["records"])  # before the flow: a missing lake is one line, not a traceback
     try:
         summary = extract_flow(str(Path(lake).resolve()), settings=settings)
     except GateError as err:

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,12 +18,20 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.markup import escape
 
+from flows.preflight import check_lake, check_model_folder
 from flows.settings import load_settings, toml_section
 from flows.training_artifacts import publish_training_progress
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
 from trainer.run_folder import check_run_folder
 
 Stage = Literal["sft", "optd"]
+
+
+class StageName(StrEnum):
+    """``--stage`` as a choice the shell completes and click checks."""
+
+    sft = "sft"
+    optd = "optd"
 
 
 class StageNotAvailable(RuntimeError):
@@ -195,7 +204,7 @@ def train_alongside(
 
 def train_command(
     lake: Annotated[Path, typer.Option("--lake", help="lake folder with the records table")],
-    stage: Annotated[str, typer.Option("--stage", help="sft | optd")],
+    stage: Annotated[StageName, typer.Option("--stage", help="sft: SFT warm-up | optd: distillation")],
     out: Annotated[Path, typer.Option("--out", help="run folder: checkpoints, metrics.jsonl, summary.json")],
     base: Annotated[
         Path | None,
@@ -228,9 +237,7 @@ def train_command(
 ) -> None:
     """Train the simulator on the lake's records: SFT warm-up (sft) or on-policy distillation (optd)."""
     console = Console()
-    if stage not in ("sft", "optd"):
-        console.print(f"[red]stopped:[/red] unknown stage {stage!r}: sft | optd")
-        raise typer.Exit(1)
+    stage = StageName(stage).value  # type: ignore[assignment]
     if stage == "sft":
         settings: TrainSettings = load_settings(TrainSettings, "train", config)
     else:
@@ -244,7 +251,12 @@ def train_command(
         return
     started = time.perf_counter()
     try:
-        check_run_folder(out, resume, overwrite)  # before Prefect and torch start: said in a second
+        check_lake(lake, ["records"])  # these before Prefect and torch start: said in a second
+        if base is not None:
+            check_model_folder(base)
+        elif stage == "optd":
+            raise StageNotAvailable("--stage optd needs --base: the SFT checkpoint (teacher, student start)")
+        check_run_folder(out, resume, overwrite)
         checkpoint = train_flow(
             str(lake.resolve()),
             str(out.resolve()),
