@@ -171,6 +171,9 @@ def synth(
     users: Annotated[int, typer.Option("--users", min=1, help="number of shoppers")] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
     fmt: Annotated[BundleFormat, typer.Option("--format", help="tables' file format")] = BundleFormat.parquet,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace what --out holds (refused otherwise)")
+    ] = False,
 ) -> None:
     """Generate a raw log bundle from the synthetic shopping world."""
     from synthetic.bundle import write_bundle
@@ -182,7 +185,7 @@ def synth(
     started = time.perf_counter()
     with progress_bar(console) as bar:
         bar.add_task(f"synthesising {users} shoppers (seed {seed})", total=None)
-        summary = write_bundle(out, users=users, seed=seed, fmt=fmt)
+        summary = write_bundle(out, users=users, seed=seed, fmt=fmt, overwrite=overwrite)
     table = Table(title=f"raw bundle {out}")
     table.add_column("table")
     table.add_column("rows", justify="right")
@@ -382,7 +385,8 @@ def run(
     }
     check_writable_folder(workdir, "--workdir")
     raw, lake = workdir / "raw", workdir / "lake"
-    synth(out=raw, users=users, seed=seed, fmt=BundleFormat.parquet)
+    # the job's raw/ is its own, as its lake, runs and evaluation are: a rerun replaces it
+    synth(out=raw, users=users, seed=seed, fmt=BundleFormat.parquet, overwrite=True)
     try:
         with progress_bar(console) as bar:
             bar.add_task("main job: pipeline (gated) -> train sft -> train optd -> evaluate", total=None)

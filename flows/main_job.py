@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from extractors.config import ExtractSettings
 from flows.evaluate import evaluate_flow
+from flows.evaluate_folder import run_settings, start_evaluation
 from flows.pipeline import pipeline_flow
 from flows.train import train_flow
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
@@ -121,12 +122,10 @@ def main_job_flow(
         settings=optd or demo_optd(),
         overwrite=True,
     )
-    evaluation = evaluate_flow(
-        lake,
-        [f"checkpoint:{checkpoint}", *job.baselines],
-        str(root / "evaluation"),
-        sessions=job.sessions,
-        sampling={"max_new_tokens": job.max_new_tokens},
-        effect_users=job.effect_users,
-    )
+    simulators = [f"checkpoint:{checkpoint}", *job.baselines]
+    evaluated = {"sessions": job.sessions, "sampling": {"max_new_tokens": job.max_new_tokens},
+                 "effect_users": job.effect_users}  # fmt: skip
+    # a rerun evaluates its new checkpoint afresh: the previous run's traces are not resumed
+    start_evaluation(root / "evaluation", run_settings(lake, simulators, **evaluated), overwrite=True)
+    evaluation = evaluate_flow(lake, simulators, str(root / "evaluation"), **evaluated)
     return {**dataset, "teacher": teacher, "checkpoint": checkpoint, "evaluation": evaluation}

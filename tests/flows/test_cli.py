@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -72,6 +73,22 @@ def test_main_job_builds_a_queryable_lake_a_checkpoint_and_a_report(prefect_harn
     checked = runner.invoke(app, ["validate", "--lake", str(lake), "steps"])
     assert checked.exit_code == 0, checked.output
     assert "Data Docs" in checked.output
+    # run again into the same folder, on other shoppers: every stage replaces what the first run wrote
+    first_real = (tmp_path / "evaluation" / "real.jsonl").read_text()
+    again = runner.invoke(
+        app, ["run", "--users", "40", "--seed", "6", "--workdir", str(tmp_path), "--config", str(config)]
+    )
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "raw" / "manifest.json").read_text())["seed"] == 6
+    second_real = (tmp_path / "evaluation" / "real.jsonl").read_text()
+    assert second_real != first_real  # the new lake's sessions, none of the old traces resumed
+    rolled = [json.loads(line)["session_id"] for line in rollout_lines(tmp_path / "evaluation")]
+    assert set(rolled) == {json.loads(line)["session_id"] for line in second_real.splitlines()}
+
+
+def rollout_lines(evaluation: Path) -> list[str]:
+    (checkpoint_rollout,) = evaluation.glob("checkpoint*.rollout.jsonl")
+    return checkpoint_rollout.read_text().splitlines()
 
 
 def test_sql_refuses_writes(prefect_harness, tmp_path):
