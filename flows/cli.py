@@ -370,6 +370,15 @@ def evaluate(
     effect_users: Annotated[
         int | None, typer.Option("--effect-users", min=2, help="held-out users in the A/B test (all)")
     ] = None,
+    max_unanswered: Annotated[
+        float,
+        typer.Option(
+            "--max-unanswered",
+            min=0.0,
+            max=1.0,
+            help="share of a phase's requests left unanswered after retries that stops the run",
+        ),
+    ] = 0.2,
 ) -> None:
     """Roll out and replay each simulator on the lake's sessions, score them against the real ones, and
     write report.json and report.html (a killed run resumes from its traces)."""
@@ -378,7 +387,7 @@ def evaluate(
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     try:
         result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
-                               sampling, batch_size, effect, effect_users)  # fmt: skip
+                               sampling, batch_size, effect, effect_users, max_unanswered)  # fmt: skip
     except ValueError as err:
         raise stopped(err) from None
     console.print(f"[bold]report:[/bold] {result['html']}", soft_wrap=True)
