@@ -78,10 +78,15 @@ SPEC_CHECKS: dict[str, SpecCheck] = {
 def spec_problem(spec: str, lake: str | Path, sampling: Sampling) -> str | None:
     """What is wrong with one spec for an evaluation of ``lake``, or None."""
     name, _, argument = spec.partition(":")
-    known = {*SIMULATORS, *SAMPLED_SIMULATORS, *LAKE_SIMULATORS}
-    if spec not in LAKE_SIMULATORS and name not in known:
+    if spec in LAKE_SIMULATORS:
+        check = SPEC_CHECKS.get(spec)
+    elif name in SIMULATORS or name in SAMPLED_SIMULATORS:
+        check = SPEC_CHECKS.get(name)
+    elif name in LAKE_SIMULATORS:
+        return f"{name} takes no argument (it is fitted on, or read from, the lake)"
+    else:
+        known = {*SIMULATORS, *SAMPLED_SIMULATORS, *LAKE_SIMULATORS}
         return f"unknown simulator {name!r}; known: {', '.join(sorted(known))}"
-    check = SPEC_CHECKS.get(spec if spec in LAKE_SIMULATORS else name)
     return check(argument, Path(lake), sampling) if check else None
 
 
