@@ -90,11 +90,17 @@ def scripted_server(script: Script) -> Iterator[tuple[str, list[Exchange]]]:
         yield base_url, exchanges
 
 
+class Server(ThreadingHTTPServer):
+    # the evaluation opens up to 64 connections at once; the default backlog of 5 refuses some of them,
+    # which a test allowing one attempt per request would count as requests without an answer
+    request_queue_size = 256
+    daemon_threads = True
+
+
 @contextmanager
 def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """``handler`` served on 127.0.0.1 (an ephemeral port) from a thread; yields the ``/v1`` base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
