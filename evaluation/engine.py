@@ -7,9 +7,13 @@ remote endpoint, :class:`~evaluation.simulators.ConcurrentSimulator`) drives its
 independently instead, so none waits for the slowest answer of a round.
 
 A killed evaluation resumes from its trace file: the sessions already written there are skipped,
-and a half-written last line is cut away first. A small run manifest
+and a half-written last line is cut away first; a session that lost a request (an episode ended by
+``error``, a replayed session with a step left without a prediction) is no result to keep, so it is
+taken out of the file and asked again. A small run manifest
 beside the traces records the simulator, its seed and sampling parameters and the environment's
-settings; resuming under other parameters is refused, so one file never mixes two runs.
+settings; resuming under other parameters is refused, so one file never mixes two runs. The manifest
+also adds up the simulator's traffic (HTTP requests, retries, errors by status) over every call that
+wrote the file, for the report's L0 accounting.
 
 Replay runs the simulator over each session's recorded states (``evaluation.replay``) and writes one
 row per recorded step, the unscored ones with their reason; it resumes the same way, by session.
@@ -44,6 +48,7 @@ from evaluation.traces import ReplayStep, Trace, TraceProfile, TraceStep
 from transforms.prompts import Accepted
 
 DEFAULT_BATCH = 64
+REPLAY_ERROR = "error"  # a replayed step's reason when the simulator gave no answer (its request failed)
 
 
 class ManifestMismatch(ValueError):
@@ -52,15 +57,26 @@ class ManifestMismatch(ValueError):
 
 @dataclass(frozen=True)
 class RolloutSummary:
-    """What one call wrote: sessions written now, sessions found finished and skipped, outputs asked."""
+    """What one call wrote: sessions written now, sessions found finished and skipped, outputs asked
+    (answered or not), those of them that got no answer, and the simulator's traffic meanwhile (None
+    for a simulator that sends no requests)."""
 
     path: str
     written: int
     resumed: int
     outputs: int
+    unanswered: int = 0
+    traffic: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "written": self.written, "resumed": self.resumed, "outputs": self.outputs}
+        return {
+            "path": self.path,
+            "written": self.written,
+            "resumed": self.resumed,
+            "outputs": self.outputs,
+            "unanswered": self.unanswered,
+            "traffic": self.traffic,
+        }
 
 
 def simulator_parameters(simulator: Simulator) -> dict[str, Any]:
@@ -68,18 +84,54 @@ def simulator_parameters(simulator: Simulator) -> dict[str, Any]:
     return dict(getattr(simulator, "parameters", None) or {})
 
 
+def simulator_traffic(simulator: Simulator) -> dict[str, Any] | None:
+    """The simulator's traffic counters so far (``traffic()``: nested counts), None when it has none."""
+    traffic = getattr(simulator, "traffic", None)
+    return traffic() if callable(traffic) else None
+
+
+def counted(after: Any, before: Any) -> Any:
+    """``after - before`` through nested dicts of counts (a key missing before counts 0); a count that
+    did not change is left out, so an error this call never met is not listed."""
+    if isinstance(after, dict):
+        before = before or {}
+        differences = {key: counted(value, before.get(key)) for key, value in after.items()}
+        return {key: value for key, value in differences.items() if value != 0}
+    return after - (before or 0)
+
+
+def added(total: Any, more: Any) -> Any:
+    """``total + more`` through nested dicts of counts (a key missing on one side counts 0)."""
+    if isinstance(total, dict) or isinstance(more, dict):
+        total, more = total or {}, more or {}
+        return {key: added(total.get(key), more.get(key)) for key in {**total, **more}}
+    return (total or 0) + (more or 0)
+
+
 # --- resuming -----------------------------------------------------------------------------------
 
 
+def lost_a_request(record: dict[str, Any]) -> bool:
+    """A trace line written without one of its answers: an episode ended by ``error``, or a replayed
+    step whose request failed."""
+    return record.get("termination_reason") == "error" or record.get("reject_reason") == REPLAY_ERROR
+
+
 def finished_sessions(path: Path) -> set[str]:
-    """Session ids already written to ``path``; a last line cut short by a kill is removed from the file."""
+    """Session ids already written to ``path``, resumed as they are. A last line cut short by a kill is
+    removed from the file, and so are the lines of every session that lost a request: it is asked
+    again."""
     if not path.exists():
         return set()
     data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
+    lines = [line for line in data[: data.rfind(b"\n") + 1].splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    redo = {record["session_id"] for record in records if lost_a_request(record)}
+    kept = [line for line, record in zip(lines, records, strict=True) if record["session_id"] not in redo]
+    complete = b"".join(line + b"\n" for line in kept)
+    if complete != data:
         path.write_bytes(complete)
-    return {json.loads(line)["session_id"] for line in complete.splitlines() if line.strip()}
+    return {record["session_id"] for record in records} - redo
 
 
 def traces_manifest_path(traces: Path) -> Path:
@@ -100,10 +152,27 @@ def claim_manifest(traces: Path, run: dict[str, Any], sessions: int) -> dict[str
         "sessions": sessions,
         "started_at": previous["started_at"] if previous else now,
         "resumed_at": [*previous.get("resumed_at", []), now] if previous else [],
+        "traffic": previous.get("traffic") if previous else None,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def add_traffic(traces: Path, traffic: dict[str, Any] | None) -> None:
+    """Add one call's traffic to the manifest's running total (nothing for a simulator without any)."""
+    if traffic is None:
+        return
+    path = traces_manifest_path(traces)
+    manifest = json.loads(path.read_text())
+    manifest["traffic"] = added(manifest.get("traffic"), traffic)
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def recorded_traffic(traces: str | Path) -> dict[str, Any] | None:
+    """The traffic a trace file's manifest adds up over every call that wrote it (None: none sent)."""
+    path = traces_manifest_path(Path(traces))
+    return json.loads(path.read_text()).get("traffic") if path.exists() else None
 
 
 def run_description(
@@ -151,6 +220,7 @@ def trace_of(rollout: Rollout, source: str) -> Trace:
             recent_click_categories=[c for c in session.recent_click_categories if c is not None],
         ),
         steps=[TraceStep.model_validate(a, from_attributes=True) for a in rollout.attempts],
+        error=rollout.error,
     )
 
 
@@ -158,12 +228,14 @@ class TraceWriter:
     """Appends each finished episode to the trace file at once (a kill loses only those in flight)."""
 
     def __init__(self, handle: IO[str], source: str) -> None:
-        self.handle, self.source, self.written = handle, source, 0
+        self.handle, self.source, self.written, self.unanswered = handle, source, 0, 0
 
     def write(self, rollout: Rollout) -> None:
         self.handle.write(trace_of(rollout, self.source).model_dump_json() + "\n")
         self.handle.flush()
         self.written += 1
+        # an episode ends at its first unanswered request: one per episode ended by error
+        self.unanswered += rollout.termination_reason == "error"
 
 
 def roll_out(
@@ -183,14 +255,19 @@ def roll_out(
     s, path, sessions, done = begin("rollout", sessions, simulator, path, source, settings)
     waiting = deque(x for x in sessions if x.session_id not in done)
     resumed = len(sessions) - len(waiting)
+    before = simulator_traffic(simulator)
     with path.open("a", encoding="utf-8") as handle:
         writer = TraceWriter(handle, source)
-        if isinstance(simulator, ConcurrentSimulator):
-            longest_first = deque(sorted(waiting, key=lambda x: len(x.steps), reverse=True))
-            outputs = simulator.run(drive_concurrently(longest_first, s, simulator, writer))
-        else:
-            outputs = drive_in_batches(waiting, s, simulator, writer, batch_size)
-    return RolloutSummary(str(path), writer.written, resumed, outputs)
+        try:
+            if isinstance(simulator, ConcurrentSimulator):
+                longest_first = deque(sorted(waiting, key=lambda x: len(x.steps), reverse=True))
+                outputs = simulator.run(drive_concurrently(longest_first, s, simulator, writer))
+            else:
+                outputs = drive_in_batches(waiting, s, simulator, writer, batch_size)
+        finally:  # a killed call's traffic still counts for the episodes it wrote
+            traffic = counted(simulator_traffic(simulator), before) if before is not None else None
+            add_traffic(path, traffic)
+    return RolloutSummary(str(path), writer.written, resumed, outputs, writer.unanswered, traffic)
 
 
 def drive_in_batches(
@@ -245,8 +322,6 @@ async def drive_concurrently(
 
 # --- replay -------------------------------------------------------------------------------------
 
-REPLAY_ERROR = "error"  # the simulator gave no answer at this step (its request failed for good)
-
 
 def gold_columns(session_id: str, scored: ScoredStep) -> dict[str, Any]:
     gold, recorded = scored.gold, scored.recorded
@@ -265,12 +340,11 @@ def replay_row(session_id: str, scored: ScoredStep, output: str | NoAnswer) -> R
     """One scored recorded step beside the simulator's prediction there."""
     gold = gold_columns(session_id, scored)
     if isinstance(output, NoAnswer):
-        return ReplayStep(**gold, accepted=False, reject_reason=REPLAY_ERROR, raw_output=output.error)
+        return ReplayStep(**gold, accepted=False, reject_reason=REPLAY_ERROR, error=output.error)
     verdict = scored.judge(output)
     if not isinstance(verdict, Accepted):
-        return ReplayStep(
-            **gold, pred_action=verdict.type, accepted=False, reject_reason=verdict.reason, raw_output=output
-        )
+        return ReplayStep(**gold, pred_action=verdict.type, accepted=False, reject_reason=verdict.reason,
+                          detail=verdict.detail, raw_output=output)  # fmt: skip
     return ReplayStep(
         **gold,
         pred_action=verdict.type,
@@ -314,21 +388,27 @@ def replay(
     """
     s, path, sessions, done = begin("replay", sessions, simulator, path, source, settings)
     waiting = [x for x in sessions if x.session_id not in done and x.steps]
-    written = outputs = 0
+    written = outputs = unanswered = 0
+    before = simulator_traffic(simulator)
     with path.open("a", encoding="utf-8") as out:
-        for start in range(0, len(waiting), batch_size):
-            cursors = [ReplayCursor(x, s) for x in waiting[start : start + batch_size]]
-            asked = [(c.session.session_id, step) for c in cursors for step in c]
-            keys = [(session_id, step.recorded.step) for session_id, step in asked]
-            answers = ask(simulator, [step.messages() for _, step in asked], keys) if asked else []
-            outputs += len(asked)
-            rows: dict[str, list[ReplayStep]] = {c.session.session_id: unscored_rows(c) for c in cursors}
-            for (session_id, step), answer in zip(asked, answers, strict=True):
-                rows[session_id].append(replay_row(session_id, step, answer))
-            for session_rows in rows.values():
-                ordered = sorted(session_rows, key=lambda row: row.step_index)
-                out.write("".join(row.model_dump_json() + "\n" for row in ordered))
-            out.flush()
-            written += len(cursors)
+        try:
+            for start in range(0, len(waiting), batch_size):
+                cursors = [ReplayCursor(x, s) for x in waiting[start : start + batch_size]]
+                asked = [(c.session.session_id, step) for c in cursors for step in c]
+                keys = [(session_id, step.recorded.step) for session_id, step in asked]
+                answers = ask(simulator, [step.messages() for _, step in asked], keys) if asked else []
+                outputs += len(asked)
+                unanswered += sum(isinstance(answer, NoAnswer) for answer in answers)
+                rows: dict[str, list[ReplayStep]] = {c.session.session_id: unscored_rows(c) for c in cursors}
+                for (session_id, step), answer in zip(asked, answers, strict=True):
+                    rows[session_id].append(replay_row(session_id, step, answer))
+                for session_rows in rows.values():
+                    ordered = sorted(session_rows, key=lambda row: row.step_index)
+                    out.write("".join(row.model_dump_json() + "\n" for row in ordered))
+                out.flush()
+                written += len(cursors)
+        finally:
+            traffic = counted(simulator_traffic(simulator), before) if before is not None else None
+            add_traffic(path, traffic)
     resumed = sum(x.session_id in done for x in sessions)
-    return RolloutSummary(str(path), written, resumed, outputs)
+    return RolloutSummary(str(path), written, resumed, outputs, unanswered, traffic)

@@ -11,6 +11,12 @@ No ``response_format`` is sent: the evaluation measures whether the model itself
 protocol's format (L0), which constrained decoding would hide. The client runs on an event loop of
 its own thread, so its connections are kept from one batch to the next.
 
+The traffic settings (concurrency, timeouts, attempts, backoff) may be set by ``TRAJFORGE_OPENAI_*``
+environment variables (``TRAJFORGE_OPENAI_MAX_ATTEMPTS=3``); the model, base URL and sampling come
+from the spec and the command's sampling only. :meth:`OpenAISimulatorSettings.probe` sends one request
+before a run, so a wrong URL stops it before any trace is written, and :meth:`OpenAISimulator.traffic`
+counts HTTP requests, retries and errors by status for the report's L0 accounting.
+
 The request carries temperature, top-p and a seed of its own, derived from (the simulator's seed, the
 prompt's session and step), so an answer does not depend on the requests sent before it; whether
 they are honoured is the server's affair.
@@ -23,11 +29,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import Coroutine, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field
+import httpx
+import openai
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from evaluation.simulators import Key, Messages, NoAnswer, Sampling, derived_seed, keys_or_positions
 from extractors.client import ExtractionStopped, LLMClient, RequestFailed
@@ -39,10 +49,14 @@ T = TypeVar("T")
 SIMULATOR_TEMPLATE = PromptTemplate(name="simulator", version="protocol-2", system="", user="", schema={})
 #: the seed of the request being sent: each answer runs as a task of its own, with its own value
 REQUEST_SEED: ContextVar[int | None] = ContextVar("request_seed", default=None)
+PROBE_TIMEOUT_S = 10.0  # a reachable endpoint lists its models at once; no answer by then is a problem
+TRANSPORT_FAULTS = ("timeout", "connection", "bad_body")  # the client's retry kinds with no HTTP status
 
 
-class OpenAISimulatorSettings(BaseModel):
+class OpenAISimulatorSettings(BaseSettings):
     """Sampling (PROTOCOL.md §3) and traffic of the ``openai:`` simulator."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAJFORGE_OPENAI_", extra="forbid")
 
     model: str
     base_url: str
@@ -97,13 +111,52 @@ class OpenAISimulatorSettings(BaseModel):
         """What decides an answer, for the run manifest (the key's variable name, never the key)."""
         return self.model_dump(include={"model", "base_url", "temperature", "top_p", "max_tokens", "seed"})
 
+    def probe(self) -> str | None:
+        """One request to the endpoint before a run: ``GET {base}/models``, or where a server has no
+        such route (404/405), one chat completion with this sampling. Returns what is wrong, in a few
+        words, or None when the endpoint answered."""
+        url = httpx.URL(self.base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            return f"the base URL {self.base_url!r} is not an http:// or https:// URL"
+        headers = {"Authorization": f"Bearer {self.client_settings().api_key()}"}
+        base = self.base_url.rstrip("/")
+        try:
+            with httpx.Client(timeout=min(self.request_timeout_s, PROBE_TIMEOUT_S), headers=headers) as http:
+                answer = http.get(f"{base}/models")
+                if answer.status_code in (404, 405):
+                    answer = http.post(f"{base}/chat/completions", json=self.probe_body())
+        except httpx.TimeoutException:
+            return f"{base} did not answer within {min(self.request_timeout_s, PROBE_TIMEOUT_S):g} s"
+        except httpx.HTTPError as error:
+            return f"cannot reach {base} ({type(error).__name__}: {error})"
+        if answer.status_code in (401, 403):
+            return f"{answer.request.url} refuses the key in ${self.api_key_env} (HTTP {answer.status_code})"
+        if answer.is_error:
+            return f"{answer.request.url} answered HTTP {answer.status_code}"
+        return None
+
+    def probe_body(self) -> dict[str, Any]:
+        """A chat request with the run's own sampling, so a probe asks nothing a run would not."""
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "ping"}],
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            **({"seed": self.seed} if self.seed is not None else {}),
+        }
+
 
 class SimulatorClient(LLMClient):
-    """The extraction client sending the simulator's sampling: top-p, and no response format."""
+    """The extraction client sending the simulator's sampling (top-p, and no response format), counting
+    every failed attempt: by HTTP status, or by kind where there was none (timeout, dropped connection,
+    a body that is not a completion)."""
 
     def __init__(self, settings: ExtractSettings, top_p: float) -> None:
         super().__init__(settings, cache=None)
         self.top_p = top_p
+        self.http_errors: Counter[str] = Counter()
+        self.transport_errors: Counter[str] = Counter()
 
     def _body(self, template: PromptTemplate, messages: list[Any]) -> dict[str, Any]:
         body = super()._body(template, messages)
@@ -111,6 +164,18 @@ class SimulatorClient(LLMClient):
         if (seed := REQUEST_SEED.get()) is not None:
             body["seed"] = seed
         return body | {"top_p": self.top_p}
+
+    def _status_error(self, exc: openai.APIStatusError) -> Exception:
+        self.http_errors[str(exc.status_code)] += 1
+        return super()._status_error(exc)
+
+    async def _send(self, template: PromptTemplate, messages: list[Any]) -> tuple[str, int, int]:
+        try:
+            return await super()._send(template, messages)
+        except Exception as fault:
+            if (kind := getattr(fault, "kind", None)) in TRANSPORT_FAULTS:
+                self.transport_errors[kind] += 1
+            raise
 
 
 class OpenAISimulator:
@@ -143,6 +208,17 @@ class OpenAISimulator:
     def stats(self) -> dict[str, Any]:
         """Requests, retries by kind and tokens so far (the extraction client's counters)."""
         return self.client.stats.as_dict()
+
+    def traffic(self) -> dict[str, Any]:
+        """HTTP requests sent so far (retries included), retries by kind, failed attempts by HTTP status
+        and by transport fault: the counts the report's L0 accounting adds up per phase."""
+        stats = self.client.stats
+        return {
+            "http_requests": stats.requests,
+            "retries": dict(stats.retries),
+            "http_errors": dict(self.client.http_errors),
+            "transport_errors": dict(self.client.transport_errors),
+        }
 
     def act(self, prompts: Sequence[Messages], keys: Sequence[Key] | None = None) -> list[str | NoAnswer]:
         return self.run(self._answers(prompts, keys_or_positions(keys, len(prompts))))

@@ -9,6 +9,11 @@ the report's own ``decision_alignment``, or the reason a lake has none). The plo
 trace files themselves: action mix, session lengths and decision mix per source; the funnel, cohort
 fidelity and decision alignment come from the scored figures.
 
+Beside the figures, ``accounting`` is the L0 account of every simulator's rollout and replay: the
+requests asked, those unanswered after retries (and what they failed with), the outputs judged by
+verdict (accepted and each of the four rejection reasons), the episodes by how they ended, and the
+HTTP traffic (requests, retries, errors by status); the page and the Prefect artifact table it.
+
 A ``checkpoint:PATH`` simulator whose PATH is a trajforge run's checkpoint also gets its training run
 in the report (``training``: the run's curves and its held-out figures at the start and the end), and
 an OPTD run its teacher's run beside it.
@@ -35,7 +40,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from evaluation.metrics import DECISIONS, Side
-from evaluation.traces import load_traces
+from evaluation.scorecard import ENDINGS
+from evaluation.traces import REJECT_REASONS, load_traces
 from trainer.curves import (
     checkpoint_run,
     checkpoint_step,
@@ -49,6 +55,7 @@ from trainer.curves import (
 from transforms.schemas import ACTIONS
 
 EFFECT_KEYS: tuple[str, ...] = ("effect_ratio", "effect_error", "effect_ci")
+REPORT_FILES: tuple[str, str] = ("report.json", "report.html")
 HIGHER, LOWER = "↑", "↓"
 #: Table 2 of the paper: (level, figure, direction)
 TABLE2: tuple[tuple[str, str, str], ...] = (
@@ -432,6 +439,73 @@ def training_html(training: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 # --- tables -------------------------------------------------------------------------------------
 
+ACCOUNTING_HEAD = (
+    "simulator",
+    "phase",
+    "requests",
+    "unanswered",
+    "outputs judged",
+    "accepted",
+    *REJECT_REASONS,
+    *(f"ended: {ending}" for ending in ENDINGS),
+    "HTTP requests",
+    "retries",
+    "HTTP errors",
+    "transport errors",
+)
+
+
+def counts_text(counts: Mapping[str, int] | None) -> str:
+    """``{"500": 3, "429": 1}`` as "429 ×1, 500 ×3"; none as "0"; no such counts at all as a dash."""
+    if counts is None:
+        return "–"
+    return ", ".join(f"{key} ×{n}" for key, n in sorted(counts.items())) or "0"
+
+
+def accounting_rows(accounting: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """One row per simulator and phase: its requests, verdicts, endings and traffic (a dash where a
+    phase has no such count: a replay has no episodes, a local simulator no HTTP traffic)."""
+    rows = []
+    for spec, phases in accounting.items():
+        for phase, a in phases.items():
+            if a is None:
+                continue
+            episodes = a.get("episodes")
+            traffic = a.get("traffic")
+            http = traffic or {}
+            rows.append([
+                spec,
+                phase,
+                str(a["requests"]),
+                str(a["unanswered"]),
+                str(a["outputs_judged"]),
+                str(a["accepted"]),
+                *(str(a["rejected"].get(reason, 0)) for reason in REJECT_REASONS),
+                *(str(episodes[ending]) if episodes else "–" for ending in ENDINGS),
+                str(http.get("http_requests", 0)) if traffic is not None else "–",
+                str(sum(http.get("retries", {}).values())) if traffic is not None else "–",
+                counts_text(http.get("http_errors", {}) if traffic is not None else None),
+                counts_text(http.get("transport_errors", {}) if traffic is not None else None),
+            ])  # fmt: skip
+    return rows
+
+
+def unanswered_notes(accounting: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """A sentence per phase that lost requests: how many, and what they failed with."""
+    notes = []
+    for spec, phases in accounting.items():
+        for phase, a in phases.items():
+            if a and a["unanswered"]:
+                why = "; ".join(f"{n} × {text}" for text, n in a["unanswered_errors"].items())
+                notes.append(f"{spec}, {phase}: {a['unanswered']} unanswered ({why})")
+    return notes
+
+
+ACCOUNTING_NOTE = (
+    "A request unanswered after its retries produced no output: RVA and OVA leave it out, and it is "
+    "counted here. HTTP counts add up every call that wrote the traces, resumed ones included."
+)
+
 
 def table2_rows(simulators: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
     return [[spec, *(figure_text(key, f.get(key)) for _, key, _ in TABLE2)] for spec, f in simulators.items()]
@@ -467,8 +541,11 @@ def comparison_markdown(report: Mapping[str, Any], html_path: str | Path) -> str
     alignment = []
     if sources := alignment_sources(report):
         alignment = [*markdown_table(["source", *ALIGNMENT_HEAD], alignment_rows(sources)), ""]
+    accounting = report.get("accounting") or {}
+    l0 = ["## L0 accounting", *markdown_table(ACCOUNTING_HEAD, accounting_rows(accounting)), ""]
+    l0 += [*(f"- {note}" for note in unanswered_notes(accounting)), ACCOUNTING_NOTE, ""]
     full = f"Full report: `{Path(html_path).resolve()}`"
-    return "\n".join(["# Evaluation", *table2, "", *table3, "", *alignment, full])
+    return "\n".join(["# Evaluation", *table2, "", *table3, "", *alignment, *l0, full])
 
 
 def _html_table(head: list[str], rows: list[list[str]], header_rows: str = "") -> str:
@@ -491,6 +568,14 @@ def table2_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
 def table3_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
     head = ["simulator", "effect ratio (1 is perfect)", f"effect error {LOWER}", "95 % interval"]
     return _html_table(head, table3_rows(simulators))
+
+
+def accounting_html(report: Mapping[str, Any]) -> str:
+    """The L0 accounting table, with a line per phase that lost requests."""
+    accounting = report.get("accounting") or {}
+    table = _html_table(list(ACCOUNTING_HEAD), accounting_rows(accounting))
+    notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in unanswered_notes(accounting))
+    return table + notes + f'<p class="note">{html.escape(ACCOUNTING_NOTE)}</p>'
 
 
 def alignment_html(report: Mapping[str, Any]) -> str:
@@ -540,6 +625,8 @@ def render_html(report: Mapping[str, Any], dists: Mapping[str, Distributions]) -
         f"Directions: {HIGHER} higher is better, {LOWER} lower is better; 4 decimals, TE 2.</p>",
         "<h2>Comparison (Table 2)</h2>",
         table2_html(simulators),
+        "<h2>L0 accounting</h2>",
+        accounting_html(report),
         "<h2>A/B effect fidelity (Table 3)</h2>",
         table3_html(simulators),
         "<h2>Decision alignment (SalesSim)</h2>",
@@ -567,7 +654,7 @@ def write_report(
     and every simulator spec) to its rollout trace file. Returns both paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out / "report.json", out / "report.html"
+    json_path, html_path = (out / name for name in REPORT_FILES)
     json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     dists = {source: Distributions.of(path) for source, path in traces.items()}
     html_path.write_text(render_html(report, dists), encoding="utf-8")

@@ -1,7 +1,18 @@
 """The figure set of ``trajforge score``: the ten headline figures of PROTOCOL.md §4 and the
-supplementary ones, from real and simulated rollout traces and an optional replay trace."""
+supplementary ones, from real and simulated rollout traces and an optional replay trace; and the L0
+accounting of an evaluation's traces (:func:`accounting`): every output by its verdict and every
+episode by its ending.
+
+A request that got no answer after its retries produced no output: RVA and OVA both leave it out
+(PROTOCOL §4 counts outputs), and the accounting counts it as ``unanswered``. A rollout episode ends at
+its first unanswered request (ending ``error``); a replayed step without an answer is a row with reason
+``error`` (the reference's ``prediction_present: false``, ``missing_prediction``), which L1 counts as
+a miss, as it does any step without an accepted prediction.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import polars as pl
 
@@ -17,9 +28,17 @@ from evaluation.metrics import (
     trajectory_error,
 )
 from evaluation.supplementary import supplementary_figures
-from evaluation.traces import TraceFrames
+from evaluation.traces import REJECT_REASONS, TraceFrames
 
 HEADLINE_KEYS: tuple[str, ...] = ("RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD")
+#: a replayed step's reasons when no prediction came at all (ours, the reference's)
+UNANSWERED_REASONS: tuple[str, ...] = ("error", "missing_prediction")
+ENDINGS: tuple[str, ...] = ("end", "budget", "invalid_retry_exhausted", "error")
+
+
+def answered(replay: pl.DataFrame) -> pl.DataFrame:
+    """The replay rows that got an output (any verdict): those RVA is a share of."""
+    return replay.filter(~pl.col("reject_reason").is_in(UNANSWERED_REASONS).fill_null(False))
 
 
 def score(
@@ -32,7 +51,7 @@ def score(
     real_rates, sim_rates = outcome_rates(real_side.steps), outcome_rates(sim_side.steps)
     fidelity = population_fidelity(real_side, sim_side)
     figures: dict[str, object] = {
-        "RVA": output_validity(scored) if scored is not None else None,
+        "RVA": output_validity(answered(scored)) if scored is not None else None,
         "OVA": output_validity(sim.steps),
         "F1": macro_f1(scored) if scored is not None else None,
         "Acc": non_scroll_accuracy(scored) if scored is not None else None,
@@ -56,6 +75,58 @@ def score(
         "replay_rows": replay.height if replay is not None else 0,
     }
     return figures
+
+
+def counts_of(column: pl.Series, support: tuple[str, ...]) -> dict[str, int]:
+    """How often each value of ``support`` occurs in ``column`` (0 for one that does not), then any
+    other non-null value found, by name."""
+    found = dict(column.drop_nulls().value_counts().iter_rows())
+    others = {name: n for name, n in sorted(found.items()) if name not in support}
+    return {**{name: found.get(name, 0) for name in support}, **others}
+
+
+def verdicts(outputs: pl.DataFrame) -> dict[str, Any]:
+    """Outputs judged, accepted, and rejected by reason (the four of PROTOCOL §2 always listed)."""
+    rejected = outputs.filter(~pl.col("accepted"))["reject_reason"]
+    return {
+        "outputs_judged": outputs.height,
+        "accepted": int(outputs["accepted"].sum()),
+        "rejected": counts_of(rejected, REJECT_REASONS),
+    }
+
+
+def rollout_accounting(sim: TraceFrames) -> dict[str, Any]:
+    """L0 accounting of rollout traces: requests asked (one per output, and one per episode ended by
+    an unanswered request), those unanswered, the outputs' verdicts, the episodes by ending."""
+    episodes = counts_of(sim.sessions["termination_reason"], ENDINGS)
+    unanswered = episodes["error"]
+    return {
+        "requests": sim.steps.height + unanswered,
+        "unanswered": unanswered,
+        **verdicts(sim.steps),
+        "episodes": episodes,
+    }
+
+
+def replay_accounting(replay: pl.DataFrame) -> dict[str, Any]:
+    """L0 accounting of a replay trace: requests asked (one per scored recorded step), those
+    unanswered, the answered outputs' verdicts, and the recorded steps left unscored."""
+    scored = replay.filter(pl.col("unscored_reason").is_null())
+    outputs = answered(scored)
+    return {
+        "requests": scored.height,
+        "unanswered": scored.height - outputs.height,
+        **verdicts(outputs),
+        "unscored": replay.height - scored.height,
+    }
+
+
+def accounting(sim: TraceFrames, replay: pl.DataFrame | None) -> dict[str, dict[str, Any] | None]:
+    """Per phase (rollout, replay: None without a replay trace), its L0 accounting."""
+    return {
+        "rollout": rollout_accounting(sim),
+        "replay": replay_accounting(replay) if replay is not None else None,
+    }
 
 
 def unscored_counts(replay: pl.DataFrame) -> dict[str, int]:

@@ -628,3 +628,25 @@ def real_trace_frame(
         )
     )
     return traces, left_out
+
+
+# --- why requests went unanswered ---------------------------------------------------------------
+
+_UNANSWERED_COLUMNS: dict[str, tuple[str, str]] = {
+    "rollout": ("termination_reason", "error"),  # an episode ended by its unanswered request
+    "replay": ("reject_reason", "error"),  # a replayed step without a prediction
+}
+NO_ERROR_TEXT = "(no error text)"
+
+
+def unanswered_errors(path: str | Path, kind: Literal["rollout", "replay"]) -> dict[str, int]:
+    """What the unanswered requests of one of our trace files failed with: each error text with how
+    many failed so, the most common first."""
+    path = Path(path)
+    if _first_record(path) is None:
+        return {}
+    reason, error = _UNANSWERED_COLUMNS[kind]
+    frame = read_jsonl(path, pl.Schema({reason: pl.String, error: pl.String}))
+    texts = frame.filter(pl.col(reason) == "error")[error].fill_null(NO_ERROR_TEXT)
+    counts = texts.value_counts(sort=True, name="n").sort(["n", error], descending=[True, False])
+    return dict(counts.iter_rows())

@@ -61,6 +61,7 @@ class TraceStep(BaseModel):
     review_alias: str | None = Field(None, description="C1, C2... for ipv_click_comment")
     accepted: bool = True
     reject_reason: str | None = Field(None, description="one of REJECT_REASONS when not accepted")
+    detail: str | None = Field(None, description="what exactly the rejection found, for a person reading")
     item_category: str | None = Field(None, description="category path of the step's item, '-'-separated")
     item_price: float | None = None
     raw_output: str | None = None
@@ -77,6 +78,7 @@ class Trace(BaseModel):
     terminated: bool
     truncated: bool
     termination_reason: TerminationReason | None = Field(None, description="None: a real session without end")
+    error: str | None = Field(None, description="what the simulator failed with, when it ended with 'error'")
     profile: TraceProfile = Field(default_factory=TraceProfile)
     steps: list[TraceStep] = Field(default_factory=list)
 
@@ -99,6 +101,8 @@ class ReplayStep(BaseModel):
     pred_review_alias: str | None = None
     accepted: bool
     reject_reason: str | None = None
+    detail: str | None = Field(None, description="what exactly the rejection found, for a person reading")
+    error: str | None = Field(None, description="why no prediction came: the request's failure")
     raw_output: str | None = None
     unscored_reason: str | None = Field(
         None, description="why the recorded state could not be rebuilt; such a row is counted, not scored"

@@ -20,7 +20,6 @@ from flows.preflight import (
     check_lake,
     check_new_lake,
     check_sessions,
-    check_simulator_checkpoints,
     check_writable_file,
     check_writable_folder,
 )
@@ -85,7 +84,7 @@ class CommandLine(InterruptibleGroup):
     """The command group: beside Ctrl-C's line, a usage error is one line (exit code 2) and a clean
     stop (a bad input, a stage's refusal) one line (exit code 1), never a traceback."""
 
-    errors = Console(stderr=True, soft_wrap=True, highlight=False)
+    errors = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)  # a spec like "a:x:" is text
 
     def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
         resolved = super().resolve_command(ctx, args)
@@ -509,6 +508,15 @@ def evaluate(
         bool,
         typer.Option("--overwrite", help="replace the evaluation in --out (its traces and reports removed)"),
     ] = False,
+    max_unanswered: Annotated[
+        float,
+        typer.Option(
+            "--max-unanswered",
+            min=0.0,
+            max=1.0,
+            help="share of a phase's requests left unanswered after retries that stops the run",
+        ),
+    ] = 0.2,
 ) -> None:
     """Roll out and replay each simulator on the lake's sessions, score them against the real ones, and
     write report.json and report.html. Run again as it was, a killed run resumes from its traces; an
@@ -518,17 +526,20 @@ def evaluate(
     split = Split(split).value  # type: ignore[assignment]
     check_lake(lake, ["steps", "sessions", "feed_layouts", "items"])
     check_sessions(lake, split)
-    check_simulator_checkpoints(simulator)
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     asked = run_settings(lake, simulator, split=split, sessions=sessions, sampling=sampling,
                          batch_size=batch_size, effect=effect, effect_users=effect_users)  # fmt: skip
-    check_evaluation_folder(out, asked, resume, overwrite)
-
+    from evaluation.preflight import check_specs
+    from evaluation.simulators import Sampling
     from flows.evaluate import evaluate_flow  # Prefect and the data stack load once the inputs passed
 
+    # a spec that cannot work (an endpoint that does not answer, a folder without weights) is said
+    # before anything is written, --out included
+    check_specs(simulator, lake, Sampling(**sampling))
+    check_evaluation_folder(out, asked, resume, overwrite)
     start_evaluation(out, asked, overwrite)
     result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,
-                           sampling, batch_size, effect, effect_users)  # fmt: skip
+                           sampling, batch_size, effect, effect_users, max_unanswered)  # fmt: skip
     console.print(f"[bold]report:[/bold] {result['html']}", soft_wrap=True)
     console.print(f"[bold]figures:[/bold] {result['json']}", soft_wrap=True)
 

@@ -4,6 +4,13 @@ the report (``report.json``, ``report.html``, a Prefect artifact) over all of th
 Every task takes paths and small settings and returns paths and small summaries; the traces stay on
 disk under the output folder, so a killed evaluation run again with the same arguments resumes where
 it stopped (the engine skips the sessions its trace files already hold).
+
+Before anything is written every simulator spec is checked (``evaluation.preflight``: an endpoint
+answers, a checkpoint folder holds a model). A phase (rollout or replay) whose requests mostly went
+unanswered (more than ``max_unanswered_share`` of them, after retries) stops the run with
+:class:`TooManyUnanswered`: its figures would describe the failures, not the simulator, so no report is
+left behind; the traces stay, and the same command run again resumes, asking the lost requests again.
+Every simulator, language models and the A/B effect's arms alike, answers with the one ``sampling``.
 """
 
 from __future__ import annotations
@@ -18,22 +25,47 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from evaluation.engine import DEFAULT_BATCH, replay, roll_out
+from evaluation.engine import DEFAULT_BATCH, recorded_traffic, replay, roll_out
 from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
-from evaluation.report import EFFECT_KEYS, comparison_markdown, training_runs, write_report
-from evaluation.simulators import LAKE_SIMULATORS, Sampling, StateSimulator, simulator_for_lake
+from evaluation.preflight import SPEC_CHECKS, check_specs
+from evaluation.report import EFFECT_KEYS, REPORT_FILES, comparison_markdown, training_runs, write_report
+from evaluation.scorecard import replay_accounting, rollout_accounting
+from evaluation.simulators import LAKE_SIMULATORS, Sampling, Simulator, StateSimulator, simulator_for_lake
+from evaluation.trace_frames import load_replay, load_traces, unanswered_errors
 from flows.alignment import alignment_report
 from flows.evaluate_folder import scored_run
 from flows.ingest import world_path
+from flows.preflight import checkpoint_spec_problem
 from flows.score import export_real_traces, score_files
 from flows.world import effect_for_lake, held_out_users, world_from_lake
 from transforms.records import recorded_prompt_settings
 
+
+def world_problem(argument: str, lake: Path, sampling: Sampling) -> str | None:
+    if not world_path(lake).is_file():
+        return f"{lake} was not generated from a synthetic world (it has no {world_path(lake).name})"
+    return None
+
+
 # the synthetic world's shoppers are wired in here: evaluation/ never imports synthetic/
 LAKE_SIMULATORS["world"] = world_from_lake
+SPEC_CHECKS["world"] = world_problem
+SPEC_CHECKS["checkpoint"] = checkpoint_spec_problem
 
 REAL_TRACES = "real.jsonl"
+MAX_UNANSWERED_SHARE = 0.2  # more of a phase's requests unanswered than this stops the run
+COMMON_ERRORS = 3  # error texts named when a run stops
+
+
+class TooManyUnanswered(ValueError):
+    """A phase of one simulator got no answer to too many of its requests to be scored."""
+
+
+def close(simulator: Simulator) -> None:
+    """Release what a simulator holds (an HTTP client, a model's memory); nothing for one without."""
+    if closer := getattr(simulator, "close", None):
+        closer()
 
 
 def no_effect(lake: str, spec: str, out: str) -> dict[str, object]:
@@ -41,18 +73,23 @@ def no_effect(lake: str, spec: str, out: str) -> dict[str, object]:
     return dict.fromkeys(EFFECT_KEYS)
 
 
-def world_effect(lake: str, spec: str, split: str, users: int | None) -> dict[str, object]:
-    """The A/B effect fidelity of ``spec`` on a lake generated from a world (the first ``users`` held-out
-    users split in halves under the two ranking policies); null figures for a lake of real logs, whose
-    true effect no one knows."""
+def world_effect(
+    lake: str, spec: str, split: str, users: int | None, sampling: Sampling | None = None
+) -> dict[str, object]:
+    """The A/B effect fidelity of ``spec`` answering with ``sampling`` on a lake generated from a world
+    (the first ``users`` held-out users split in halves under the two ranking policies); null figures
+    for a lake of real logs, whose true effect no one knows."""
     if not world_path(lake).is_file():
         return no_effect(lake, spec, "")
     held_out = held_out_users(lake, split)
-    world = world_from_lake(lake)
+    world = world_from_lake(lake, sampling)
     # the world as the simulator must be the world that plays the arms: it learns each arm's sessions
-    simulator = world if spec == "world" else simulator_for_lake(spec, lake)
+    simulator = world if spec == "world" else simulator_for_lake(spec, lake, sampling or Sampling())
     chosen = held_out[:users] if users else held_out
-    result = effect_for_lake(lake, simulator, world, split=split, users=chosen)
+    try:
+        result = effect_for_lake(lake, simulator, world, split=split, users=chosen)
+    finally:
+        close(simulator)
     return {key: result.as_dict()[key] for key in EFFECT_KEYS}
 
 
@@ -79,6 +116,44 @@ def keep_sessions(path: Path, session_ids: list[str]) -> int:
     return len(kept)
 
 
+def phase_accounting(kind: str, path: str) -> dict[str, Any]:
+    """The L0 accounting of one trace file (``kind`` rollout or replay): its outputs by verdict, its
+    episodes by ending, its unanswered requests with what they failed with, and the simulator's
+    traffic over every call that wrote the file (None for a simulator that sends no requests)."""
+    counts = (
+        rollout_accounting(load_traces(path)) if kind == "rollout" else replay_accounting(load_replay(path))
+    )
+    return {**counts, "unanswered_errors": unanswered_errors(path, kind), "traffic": recorded_traffic(path)}
+
+
+def discard_report(out: str) -> None:
+    """Remove the report files of ``out`` (an earlier run's), so none is read as this run's result."""
+    for name in REPORT_FILES:
+        (Path(out) / name).unlink(missing_ok=True)
+
+
+def stop_if_unanswered(spec: str, kind: str, counts: dict[str, Any], share: float, out: str) -> None:
+    """Stop the run when more than ``share`` of a phase's requests went unanswered, naming how many and
+    the most common errors, and leaving no report."""
+    requests, unanswered = counts["requests"], counts["unanswered"]
+    if not requests or unanswered / requests <= share:
+        return
+    discard_report(out)
+    common = list(counts["unanswered_errors"].items())[:COMMON_ERRORS]
+    why = "; ".join(f"{n} × {text}" for text, n in common)
+    raise TooManyUnanswered(
+        f"{spec}: {unanswered} of {requests} {kind} requests got no answer after retries ({why}), more "
+        f"than {share:.0%}: no report written; the traces stay in {out}, and the same command run again "
+        "resumes, asking the unanswered requests again"
+    )
+
+
+@task(name="check-simulators", cache_policy=NO_CACHE)
+def check_simulators(lake: str, simulators: list[str], sampling: dict[str, Any]) -> None:
+    """Every spec parsed and its endpoint or checkpoint checked, before a trace is written."""
+    check_specs(simulators, lake, Sampling(**sampling))
+
+
 @task(name="export-real-traces", cache_policy=NO_CACHE)
 def real_traces(lake: str, out: str, split: str, session_ids: list[str]) -> dict[str, Any]:
     path = Path(out) / REAL_TRACES
@@ -88,27 +163,40 @@ def real_traces(lake: str, out: str, split: str, session_ids: list[str]) -> dict
 
 @task(name="simulate", cache_policy=NO_CACHE)
 def simulate(
-    lake: str, spec: str, out: str, session_ids: list[str], sampling: dict[str, Any], batch_size: int
+    lake: str,
+    spec: str,
+    out: str,
+    session_ids: list[str],
+    sampling: dict[str, Any],
+    batch_size: int,
+    max_unanswered_share: float = MAX_UNANSWERED_SHARE,
 ) -> dict[str, Any]:
     """Rollout and replay traces of one simulator over the chosen sessions (resuming what is there), in
     prompts the lake's records were rendered with (the ones a trained simulator was shown) and the
-    geometry the lake was ingested with."""
+    geometry the lake was ingested with; each phase's L0 accounting, the run stopped after a phase
+    that went mostly unanswered."""
     settings = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
     sessions = load_sessions(lake, session_ids, settings=settings)
     simulator = simulator_for_lake(spec, lake, Sampling(**sampling))
     stem = Path(out) / trace_name(spec)
+    summaries, accounts = {}, {}
     try:
-        rollout = roll_out(sessions, simulator, f"{stem}.rollout.jsonl", source=spec,
-                           settings=settings, batch_size=batch_size)  # fmt: skip
+        summaries["rollout"] = roll_out(sessions, simulator, f"{stem}.rollout.jsonl", source=spec,
+                                        settings=settings, batch_size=batch_size)  # fmt: skip
+        accounts["rollout"] = phase_accounting("rollout", f"{stem}.rollout.jsonl")
+        stop_if_unanswered(spec, "rollout", accounts["rollout"], max_unanswered_share, out)
         # a simulator that reads the environment's state (the world) has no answer for a replayed prompt
-        replayed = None
         if not isinstance(simulator, StateSimulator):
-            replayed = replay(sessions, simulator, f"{stem}.replay.jsonl", source=spec,
-                              settings=settings, batch_size=batch_size)  # fmt: skip
+            summaries["replay"] = replay(sessions, simulator, f"{stem}.replay.jsonl", source=spec,
+                                         settings=settings, batch_size=batch_size)  # fmt: skip
+            accounts["replay"] = phase_accounting("replay", f"{stem}.replay.jsonl")
+            stop_if_unanswered(spec, "replay", accounts["replay"], max_unanswered_share, out)
     finally:
-        if close := getattr(simulator, "close", None):
-            close()
-    return {"rollout": rollout.as_dict(), "replay": replayed.as_dict() if replayed else None}
+        close(simulator)
+    written = {
+        kind: summaries[kind].as_dict() if kind in summaries else None for kind in ("rollout", "replay")
+    }
+    return {**written, "accounting": {kind: accounts.get(kind) for kind in ("rollout", "replay")}}
 
 
 @task(name="score-simulator", cache_policy=NO_CACHE)
@@ -118,8 +206,10 @@ def score_simulator(real: str, traces: dict[str, Any]) -> dict[str, Any]:
 
 
 @task(name="estimate-effect", cache_policy=NO_CACHE)
-def estimate_effect(lake: str, spec: str, split: str, users: int | None) -> dict[str, object]:
-    return world_effect(lake, spec, split, users)
+def estimate_effect(
+    lake: str, spec: str, split: str, users: int | None, sampling: dict[str, Any]
+) -> dict[str, object]:
+    return world_effect(lake, spec, split, users, Sampling(**sampling))
 
 
 @task(name="align-decisions", cache_policy=NO_CACHE)
@@ -155,18 +245,26 @@ def evaluate_flow(
     batch_size: int = DEFAULT_BATCH,
     effect: bool = True,
     effect_users: int | None = None,
+    max_unanswered_share: float = MAX_UNANSWERED_SHARE,
 ) -> dict[str, Any]:
     """Every simulator against the real sessions of ``split``: traces, report.json, report.html; on a
     lake generated from a world, each simulator's decision alignment and, with ``effect``, its A/B effect
-    fidelity over the first ``effect_users`` held-out users (all by default)."""
+    fidelity over the first ``effect_users`` held-out users (all by default). A simulator with more
+    than ``max_unanswered_share`` of a phase's requests unanswered stops the run, leaving no report."""
+    sampling = Sampling(**(sampling or {})).model_dump()
+    check_simulators(lake, simulators, sampling)
     chosen = evaluated_ids(lake, split, sessions)
     real = real_traces(lake, out, split, chosen)
     written, figures, effects = {}, {}, {}
     for spec in simulators:
-        written[spec] = scored_run(simulate(lake, spec, out, chosen, sampling or {}, batch_size), chosen)
+        written[spec] = scored_run(
+            simulate(lake, spec, out, chosen, sampling, batch_size, max_unanswered_share), chosen
+        )
         figures[spec] = score_simulator(real["path"], written[spec])
         effects[spec] = (
-            estimate_effect(lake, spec, split, effect_users) if effect else no_effect(lake, spec, out)
+            estimate_effect(lake, spec, split, effect_users, sampling)
+            if effect
+            else no_effect(lake, spec, out)
         )
     alignment = align_decisions(
         lake, real["path"], {spec: w["rollout"]["path"] for spec, w in written.items()}
@@ -185,7 +283,8 @@ def evaluate_flow(
             spec: {kind: w[kind]["path"] for kind in ("rollout", "replay") if w[kind]}
             for spec, w in written.items()
         },
-        "runs": written,
+        "accounting": {spec: w["accounting"] for spec, w in written.items()},
+        "runs": {spec: {kind: w[kind] for kind in ("rollout", "replay")} for spec, w in written.items()},
         "training": training(simulators, out),
     }
     rollouts = {"real": real["path"], **{spec: w["rollout"]["path"] for spec, w in written.items()}}

@@ -134,6 +134,10 @@ def scored_traces(path: str, session_ids: Sequence[str]) -> str:
 def scored_run(written: dict[str, Any], session_ids: Sequence[str]) -> dict[str, Any]:
     """A simulate task's result with its rollout and replay paths those of ``scored_traces``."""
     return {
-        kind: {**summary, "path": scored_traces(summary["path"], session_ids)} if summary else summary
-        for kind, summary in written.items()
+        **written,
+        **{
+            kind: {**summary, "path": scored_traces(summary["path"], session_ids)}
+            for kind in ("rollout", "replay")
+            if (summary := written.get(kind))
+        },
     }

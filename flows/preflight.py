@@ -12,8 +12,12 @@ import json
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.run_folder import check_writable
+
+if TYPE_CHECKING:
+    from evaluation.simulators import Sampling
 
 WAREHOUSE = "warehouse.duckdb"  # transforms.catalog.WAREHOUSE, without importing DuckDB
 #: weights a model folder may hold (transformers' names): one file, or an index of shards
@@ -144,12 +148,20 @@ def check_safetensors(path: Path, named: str) -> None:
         )
 
 
-def check_simulator_checkpoints(specs: Iterable[str]) -> None:
-    """Every ``checkpoint:PATH`` spec names a whole model folder (the other specs are the engine's)."""
-    for spec in specs:
-        name, _, argument = spec.partition(":")
-        if name == "checkpoint":
-            check_model_folder(argument, "--simulator checkpoint:", run_folder=False)
+def checkpoint_spec_problem(argument: str, lake: Path, sampling: Sampling) -> str | None:
+    """What is wrong with ``checkpoint:PATH`` for an evaluation: the folder's files
+    (``evaluation.preflight``), then its weights read whole, so a copy cut short is refused before
+    the run rather than deep inside transformers."""
+    from evaluation.preflight import checkpoint_problem
+
+    problem = checkpoint_problem(argument, lake, sampling)
+    weights = Path(argument).expanduser() / "model.safetensors"
+    if problem is None and weights.is_file():
+        try:
+            check_safetensors(weights, f"checkpoint:{argument}")
+        except InputError as err:
+            return str(err).split(": ", 1)[1]
+    return problem
 
 
 def count_sessions(lake: str | Path, split: str) -> tuple[int, int]:

@@ -207,7 +207,12 @@ def test_a_concurrent_simulator_steps_each_episode_on_its_own_answer(tmp_path):
     assert (summary.written, summary.outputs) == (8, 8)
     endings = [t.termination_reason for t in read_traces(path)]
     assert sorted(endings) == ["end"] * 6 + ["error"] * 2
-    assert roll_out(sessions(8), OneAtATime(), path, source="remote").resumed == 8
+    assert summary.unanswered == 2
+    # run again: the 6 finished episodes are kept, the 2 that lost their request are asked again (a
+    # fresh simulator answers its first 3 requests, so both end now)
+    again = roll_out(sessions(8), OneAtATime(), path, source="remote")
+    assert (again.resumed, again.written, again.outputs, again.unanswered) == (6, 2, 2, 0)
+    assert sorted(t.termination_reason for t in read_traces(path)) == ["end"] * 8
 
 
 def test_a_concurrent_simulator_starts_the_longest_recorded_sessions_first(tmp_path):

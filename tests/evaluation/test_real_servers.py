@@ -9,13 +9,12 @@ checkpoint is trained on: what a user does with a trained checkpoint, a vLLM fle
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.cli import app
 from synthetic.bundle import write_bundle
+from tests.evaluation.scripted_server import serving
 from tests.evaluation.test_environment import session
 from tests.evaluation.test_evaluate_cli import EFFECT, HEADLINE, SUPPLEMENTARY
 from tests.trainer.test_sft_run import small as small_sft
@@ -92,18 +92,28 @@ def recording_proxy(upstream: str) -> Iterator[tuple[str, list[Exchange]]]:
     exchanges: list[Exchange] = []
 
     class Forward(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the evaluation's check of the endpoint (its models): passed on
+            self.relay(*self.forward(urllib.request.Request(root + self.path, method="GET")))
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             forwarded = urllib.request.Request(
                 root + self.path, data=body, method="POST", headers={"Content-Type": "application/json"}
             )
-            try:
-                with urllib.request.urlopen(forwarded, timeout=600) as answer:
-                    status, payload = answer.status, answer.read()
-            except urllib.error.HTTPError as error:
-                status, payload = error.code, error.read()
+            status, payload = self.forward(forwarded)
             auth = self.headers.get("Authorization")
             exchanges.append(Exchange(self.path, auth, json.loads(body), status, json.loads(payload)))
+            self.relay(status, payload)
+
+        @staticmethod
+        def forward(request: urllib.request.Request) -> tuple[int, bytes]:
+            try:
+                with urllib.request.urlopen(request, timeout=600) as answer:
+                    return answer.status, answer.read()
+            except urllib.error.HTTPError as error:
+                return error.code, error.read()
+
+        def relay(self, status: int, payload: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
@@ -113,15 +123,8 @@ def recording_proxy(upstream: str) -> Iterator[tuple[str, list[Exchange]]]:
         def log_message(self, *args: object) -> None:  # the server's own log is the one read
             pass
 
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{proxy.server_address[1]}/v1", exchanges
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
-        thread.join(5)
+    with serving(Forward) as base_url:
+        yield base_url, exchanges
 
 
 def evaluate(lake: Path, out: Path, specs: list[str], max_new_tokens: int, sessions: int = SESSIONS) -> Any:
