@@ -15,8 +15,8 @@ and it returns those dicts (or their ``item_id``) in the order to show; candidat
 not shown, and anything it returns that is not a candidate is an error.
 
 Built-in policies, by name: ``popularity`` (log popularity plus noise), ``personalised`` (the
-shopper's category affinity learnt from its click history, relative to the candidates' category mix,
-plus a little popularity and noise) and ``random``. They mirror the synthetic world's ``baseline`` and
+shopper's category affinity learnt from its click history, plus a little popularity and noise) and
+``random``. They mirror the synthetic world's ``baseline`` and
 ``treatment`` with what a recommender outside the world can see. ``mix:W:A:B`` interleaves two built-in
 policies, taking each next card from ``B``'s order with probability ``W`` (graded-quality policies).
 A team's policy is named ``module:object``: an importable callable, or a class built without
@@ -96,9 +96,10 @@ class PopularityPolicy:
 
 
 class PersonalisedPolicy:
-    """The shopper's top-category affinity from its click history (Laplace-smoothed shares) relative to
-    the category's share among the candidates, plus a little popularity and noise: the world's
-    ``treatment`` weights (affinity 1.0, popularity 0.4, noise 0.6) on what the history shows."""
+    """The shopper's top-category affinity from its click history (Laplace-smoothed shares over the
+    categories clicked or offered), plus a little popularity and noise: the world's ``treatment``
+    weights (affinity 1.0, popularity 0.4, noise 0.6) on what the history shows. Not relative to the
+    candidates' mix: a feed already leaning to the session's category would push that category down."""
 
     def __init__(
         self, affinity: float = 1.0, popularity: float = 0.4, noise: float = 0.6, seed: int = 0
@@ -107,12 +108,10 @@ class PersonalisedPolicy:
 
     def rank(self, context: Context, candidates: list[Candidate]) -> list[Candidate]:
         tops = [_top_category(c) for c in candidates]
-        offered = Counter(tops)
         clicked = Counter(_top_category(click) for click in (context.get("history") or {}).get("clicks", []))
         clicked.pop(None, None)
-        kinds, seen = len(offered) or 1, sum(clicked.values())
-        share = lambda top: (clicked[top] + 1) / (seen + kinds)  # noqa: E731
-        log_affinity = np.array([math.log(share(t) * len(candidates) / offered[t]) for t in tops])
+        kinds, seen = len(set(tops) | set(clicked)) or 1, sum(clicked.values())
+        log_affinity = np.array([math.log((clicked[t] + 1) / (seen + kinds)) for t in tops])
         rng = session_rng(self.seed, context.get("session_id"))
         score = (
             self.affinity * log_affinity

@@ -54,7 +54,7 @@ def test_personalised_puts_the_clicked_category_first_without_noise():
     policy = policy_from_spec("personalised")
     policy.__self__.noise = policy.__self__.popularity = 0.0
     context = CONTEXT | {"history": {"clicks": [{"title": "t", "category": "Y-1-1"}] * 5, "buys": []}}
-    # Y's smoothed click share 6/7 against its candidate share 1/3; X's 1/7 against 2/3
+    # smoothed click shares over {X, Y}: Y (5 + 1) / 7, X (0 + 1) / 7
     assert ids(policy(context, CANDIDATES))[0] == "b"
 
 
