@@ -77,6 +77,26 @@ def price_misfit(cat: WorldCatalog, items: np.ndarray, price_level: np.ndarray) 
     return np.abs(np.log(cat.price[items] / (tx.L1_PRICE[cat.l1[items]] * price_level)))
 
 
+def policy_score(
+    treatment: np.ndarray | bool,
+    log_aff: np.ndarray,
+    misfit: np.ndarray,
+    log_pop: np.ndarray,
+    noise: np.ndarray,
+    params: FeedParams,
+) -> np.ndarray:
+    """The two ranking policies' score of each candidate (higher is shown first): ``treatment`` where
+    true, ``baseline`` elsewhere. Shared with rankers outside the world that rank as its arms do."""
+    return np.where(
+        treatment,
+        params.treat_affinity * log_aff
+        - params.treat_price * misfit
+        + params.treat_popularity * log_pop
+        + params.treat_noise * noise,
+        log_pop + params.baseline_noise * noise,
+    )
+
+
 def _candidates(
     rng: np.random.Generator, cat: WorldCatalog, intent: np.ndarray, n_cards: np.ndarray, share: float
 ) -> np.ndarray:
@@ -136,14 +156,7 @@ def build_feeds(
     log_aff = np.log(np.take_along_axis(affinity, l1.astype(np.int64), axis=1) / tx.L1_SHARES[l1])
     misfit = price_misfit(cat, item, price_level[:, None])
     noise = rng.normal(0, 1, item.shape)
-    score = np.where(
-        treatment[:, None],
-        params.treat_affinity * log_aff
-        - params.treat_price * misfit
-        + params.treat_popularity * log_pop
-        + params.treat_noise * noise,
-        log_pop + params.baseline_noise * noise,
-    )
+    score = policy_score(treatment[:, None], log_aff, misfit, log_pop, noise, params)
     order = np.argsort(np.where(real, -score, np.inf), axis=1, kind="stable")[:, :MAX_CARDS]
     keep = np.arange(MAX_CARDS) < np.minimum(n_cards, real.sum(axis=1))[:, None]
     pick = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731

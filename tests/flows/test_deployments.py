@@ -37,9 +37,10 @@ def test_served_names_never_overwrite_the_work_pool_deployments():
         "flows/pipeline.py:pipeline_flow": "pipeline",
         "flows/validate.py:validate_flow": "validate",
         "flows/train.py:train_flow": "train",
+        "flows/abtest.py:abtest_flow": "abtest",
     }
     declared = {(flow_of[d["entrypoint"]], d["name"]) for d in spec["deployments"]}
     served = {(d.flow_name, d.name) for d in deployments("/logs", "/lake")}
     assert {flow for flow, _ in served} == {"pipeline", "validate"}
-    assert {flow for flow, _ in declared} == {"pipeline", "validate", "train"}
+    assert {flow for flow, _ in declared} == {"pipeline", "validate", "train", "abtest"}
     assert served.isdisjoint(declared)
