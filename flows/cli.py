@@ -544,6 +544,9 @@ def evaluate(
     console.print(f"[bold]figures:[/bold] {result['json']}", soft_wrap=True)
 
 
+WORLD_ARMS = ("baseline", "treatment")  # the names flows.abtest gives the world's own policies
+
+
 @app.command()
 def abtest(
     lake: LakeOption,
@@ -569,6 +572,14 @@ def abtest(
 ) -> None:
     """Two ranking policies on the lake's held-out users split in halves, the simulator shopping in the
     feeds each serves: per-arm PV-CTR, ACR, CVR, session length, and the Δ with 95 % intervals."""
+    from evaluation.policies import policy_from_spec
+
+    check_lake(lake, ["steps", "sessions", "feed_layouts", "items"])
+    # the names are checked before any work; the world's own arms are built inside the flow, from its world
+    world_arms = {name: (lambda seed: lambda context, candidates: candidates) for name in WORLD_ARMS}
+    for spec in (policy_a, policy_b):
+        policy_from_spec(spec, seed, world_arms)
+
     from flows.abtest import abtest_flow
 
     try:

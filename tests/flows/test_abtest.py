@@ -74,4 +74,5 @@ def test_the_cli_runs_an_abtest_with_a_team_policy(lake, tmp_path):
     assert report["arms"]["a"]["users"] + report["arms"]["b"]["users"] == 10
     bad = subprocess.run([sys.executable, "-m", "flows.cli", "abtest", *args[:3], "nope", *args[4:]], env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert bad.returncode == 1 and "unknown policy 'nope'" in bad.stdout
+    assert bad.returncode == 1 and "unknown policy 'nope'" in bad.stderr
+    assert "Traceback" not in bad.stderr and "temporary server" not in bad.stderr  # refused before any work
