@@ -54,7 +54,7 @@ from trainer.curves import (
 )
 from transforms.schemas import ACTIONS
 
-EFFECT_KEYS: tuple[str, ...] = ("effect_ratio", "effect_error", "effect_ci")
+EFFECT_KEYS: tuple[str, ...] = ("effect_ratio", "effect_error", "effect_ci", "effect_users")
 REPORT_FILES: tuple[str, str] = ("report.json", "report.html")
 HIGHER, LOWER = "↑", "↓"
 #: Table 2 of the paper: (level, figure, direction)
@@ -518,9 +518,62 @@ def table3_rows(simulators: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
             figure_text("effect_ratio", f.get("effect_ratio")),
             figure_text("effect_error", f.get("effect_error")),
             ci_text(f.get("effect_ci")),
+            users_text(f.get("effect_users")),
+            interval_verdict(f.get("effect_ci")),
         ]
         for spec, f in simulators.items()
     ]
+
+
+TABLE3_HEAD = ("simulator", "effect ratio (1 is perfect)", f"effect error {LOWER}", "95 % interval",
+               "A/B users", "")  # fmt: skip
+TOO_WIDE = "too wide to rank: holds both no effect (0) and the true one (1)"
+EFFECT_NOTE = (
+    "Two simulators' effects rank only where their intervals do not overlap; an interval holding both 0 "
+    "and 1 cannot tell a faithful simulator from one that shows no effect at all."
+)
+
+
+def interval_verdict(ci: object) -> str:
+    """Whether an effect-ratio interval can rank simulators at all (empty where it may)."""
+    if not ci:
+        return ""
+    low, high = ci  # type: ignore[misc]
+    return TOO_WIDE if low <= 0 <= high and low <= 1 <= high else ""
+
+
+def users_text(users: object) -> str:
+    """Users behind an effect, arm by arm (``12 + 11``)."""
+    if not users:
+        return "–"
+    return " + ".join(str(n) for n in users.values()) if isinstance(users, Mapping) else str(users)
+
+
+BASIS_HEAD = ("simulator", "real sessions", "rollouts", "replayed steps scored", "PF schemes counted",
+              "A/B users")  # fmt: skip
+BASIS_NOTE = (
+    "RVA, F1 and Acc rest on the replayed steps scored; OVA and the L2–L4 figures on the rollouts "
+    "against the real sessions; PF on the schemes with two cohorts of at least 30 sessions a side (PF "
+    "is 0 without one); the effect on the A/B users."
+)
+
+
+def basis_rows(simulators: Mapping[str, Mapping[str, Any]]) -> list[list[str]]:
+    """How many sessions, steps, schemes and users each simulator's figures rest on."""
+    rows = []
+    for spec, f in simulators.items():
+        counts = f.get("counts") or {}
+        replayed = counts.get("replay_rows", 0) - sum((f.get("replay_unscored") or {}).values())
+        schemes = [name for name, s in (f.get("cohorts") or {}).items() if s.get("counted_cohorts", 0) >= 2]
+        rows.append([
+            spec,
+            str(counts.get("real_sessions", "–")),
+            str(counts.get("sim_sessions", "–")),
+            str(replayed) if counts.get("replay_rows") else "–",
+            ", ".join(schemes) or "none",
+            users_text(f.get("effect_users")),
+        ])  # fmt: skip
+    return rows
 
 
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -535,9 +588,9 @@ def comparison_markdown(report: Mapping[str, Any], html_path: str | Path) -> str
     table2 = markdown_table(
         ["simulator", *(f"{level} {key} {arrow}" for level, key, arrow in TABLE2)], table2_rows(simulators)
     )
-    table3 = markdown_table(
-        ["simulator", "effect ratio", "effect error ↓", "95 % interval"], table3_rows(simulators)
-    )
+    table3 = markdown_table(list(TABLE3_HEAD), table3_rows(simulators))
+    basis = ["## What each figure rests on", *markdown_table(BASIS_HEAD, basis_rows(simulators)), "",
+             BASIS_NOTE, ""]  # fmt: skip
     alignment = []
     if sources := alignment_sources(report):
         alignment = [*markdown_table(["source", *ALIGNMENT_HEAD], alignment_rows(sources)), ""]
@@ -545,7 +598,9 @@ def comparison_markdown(report: Mapping[str, Any], html_path: str | Path) -> str
     l0 = ["## L0 accounting", *markdown_table(ACCOUNTING_HEAD, accounting_rows(accounting)), ""]
     l0 += [*(f"- {note}" for note in unanswered_notes(accounting)), ACCOUNTING_NOTE, ""]
     full = f"Full report: `{Path(html_path).resolve()}`"
-    return "\n".join(["# Evaluation", *table2, "", *table3, "", *alignment, *l0, full])
+    return "\n".join(
+        ["# Evaluation", *table2, "", *basis, *table3, "", EFFECT_NOTE, "", *alignment, *l0, full]
+    )
 
 
 def _html_table(head: list[str], rows: list[list[str]], header_rows: str = "") -> str:
@@ -566,8 +621,13 @@ def table2_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def table3_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
-    head = ["simulator", "effect ratio (1 is perfect)", f"effect error {LOWER}", "95 % interval"]
-    return _html_table(head, table3_rows(simulators))
+    table = _html_table(list(TABLE3_HEAD), table3_rows(simulators))
+    return table + f'<p class="note">{html.escape(EFFECT_NOTE)}</p>'
+
+
+def basis_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
+    table = _html_table(list(BASIS_HEAD), basis_rows(simulators))
+    return table + f'<p class="note">{html.escape(BASIS_NOTE)}</p>'
 
 
 def accounting_html(report: Mapping[str, Any]) -> str:
@@ -625,6 +685,8 @@ def render_html(report: Mapping[str, Any], dists: Mapping[str, Distributions]) -
         f"Directions: {HIGHER} higher is better, {LOWER} lower is better; 4 decimals, TE 2.</p>",
         "<h2>Comparison (Table 2)</h2>",
         table2_html(simulators),
+        "<h2>What each figure rests on</h2>",
+        basis_html(simulators),
         "<h2>L0 accounting</h2>",
         accounting_html(report),
         "<h2>A/B effect fidelity (Table 3)</h2>",

@@ -90,7 +90,7 @@ def world_effect(
         result = effect_for_lake(lake, simulator, world, split=split, users=chosen)
     finally:
         close(simulator)
-    return {key: result.as_dict()[key] for key in EFFECT_KEYS}
+    return {key: {**result.as_dict(), "effect_users": result.users}[key] for key in EFFECT_KEYS}
 
 
 def trace_name(spec: str) -> str:

@@ -96,3 +96,28 @@ def test_the_sessions_left_out_are_counted_in_words():
     assert left_out_text({"truncated": 3, "after_rejected_event": 1200}) == (
         "1,203 (after_rejected_event 1,200, truncated 3)"
     )
+
+
+def test_the_report_says_what_each_figure_rests_on_and_when_an_interval_cannot_rank(tmp_path):
+    traces = written(tmp_path)
+    figures = score_files(traces["real"], traces["markov"])
+    wide = {
+        "effect_ratio": 0.4,
+        "effect_error": 0.6,
+        "effect_ci": [-2.5, 3.0],
+        "effect_users": {"A": 8, "B": 7},
+    }
+    report = content(figures, **wide)
+    report["simulators"]["random"] = {**figures, "effect_ratio": 0.9, "effect_error": 0.1,
+                                      "effect_ci": [0.6, 1.2], "effect_users": {"A": 8, "B": 7}}  # fmt: skip
+    paths = write_report(tmp_path / "out", report, traces)
+    page = Path(paths["html"]).read_text(encoding="utf-8")
+    counts = figures["counts"]
+    # the tiny population's cohorts are under 30 sessions a side: no PF scheme counts
+    assert all(s["counted_cohorts"] < 2 for s in figures["cohorts"].values())
+    row = f"<td>markov</td><td>{counts['real_sessions']}</td><td>{counts['sim_sessions']}</td><td>–</td>"
+    assert f"{row}<td>none</td><td>8 + 7</td>" in page
+    assert "<td>[-2.5000, 3.0000]</td><td>8 + 7</td><td>too wide to rank" in page
+    assert "<td>[0.6000, 1.2000]</td><td>8 + 7</td><td></td>" in page  # excludes 0: it may rank
+    markdown = comparison_markdown(report, paths["html"])
+    assert "## What each figure rests on" in markdown and "too wide to rank" in markdown
