@@ -33,8 +33,10 @@ from evaluation.simulators import drive, simulator_for_lake
 from evaluation.slate import lake_popularity
 from flows.abtest import COUNTS, metrics, rollout_counts, serve, world_counts, world_policies
 from flows.ingest import record_world
+from flows.main_job import demo_records
 from flows.world import world_from_lake
 from synthetic.bundle import write_bundle
+from transforms.prompts import PromptSettings
 from transforms.ingest import ingest_bundle
 
 #: the world's own arms (its popularity and its personalised ranking, from what the world knows) and
@@ -80,6 +82,11 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=2_000)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
+        "--demo-prompts",
+        action="store_true",
+        help="show the simulators the main job's prompts (what its checkpoint was trained on)",
+    )
+    parser.add_argument(
         "--built-ins", action="store_true", help="popularity, personalised (not the world's arms)"
     )
     args = parser.parse_args()
@@ -94,7 +101,8 @@ def main() -> None:
         record_world(root / "raw", root / "lake")
         lake = root / "lake"
         world = world_from_lake(lake)
-        environment = EnvironmentSettings()
+        # a checkpoint answers best in the prompts it was trained on
+        environment = EnvironmentSettings(prompt=demo_records() if args.demo_prompts else PromptSettings())
         popularity = dict(lake_popularity(lake).iter_rows())
         sessions = [
             s for s in load_sessions(lake, split=args.split, settings=environment) if s.cut_reason is None
