@@ -36,8 +36,8 @@ from flows.ingest import record_world
 from flows.main_job import demo_records
 from flows.world import world_from_lake
 from synthetic.bundle import write_bundle
-from transforms.prompts import PromptSettings
 from transforms.ingest import ingest_bundle
+from transforms.prompts import PromptSettings
 
 #: the world's own arms (its popularity and its personalised ranking, from what the world knows) and
 #: mixtures: graded quality the world vouches for; ``--built-ins``: the history-learnt built-ins instead
