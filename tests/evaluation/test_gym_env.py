@@ -13,6 +13,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from evaluation.environment import card_in_view  # noqa: E402
 from evaluation.gym_env import ENV_ID, ShoppingEnv  # noqa: E402
+from evaluation.slate import CandidateSettings  # noqa: E402
 from flows.world import world_from_lake  # noqa: E402
 from tests.flows.worlds import generated_lake  # noqa: E402
 
@@ -77,3 +78,15 @@ def test_a_slate_of_items_not_offered_is_refused(lake, world):
     env.reset(seed=1)
     with pytest.raises(ValueError, match="not yet shown"):
         env.step(["not-an-item"])
+
+
+def test_candidates_from_a_category_mix_are_served_in_the_rankers_order(lake, world):
+    env = ShoppingEnv(lake, world, candidates=CandidateSettings(source="category_mix", top_n=12))
+    _, info = env.reset(seed=0)
+    offered = [c["item_id"] for c in info["candidates"]]
+    assert len(offered) == len(set(offered)) == 12
+    slate = cheapest_first(info["context"], info["candidates"])
+    env.step(slate)
+    served = env.rollout.session
+    # the page fills the logged feed's slots with the ranker's order of the mix
+    assert [c.item_id for c in served.cards] == [c["item_id"] for c in slate][: len(served.cards)]
