@@ -111,6 +111,25 @@ app = typer.Typer(
 )
 console = Console()
 
+
+def print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        typer.echo(f"trajforge {version('trajforge')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=print_version, is_eager=True, help="print the version and exit"),
+    ] = False,
+) -> None:
+    """Build faithful shopper-simulator datasets from interaction logs."""
+
+
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
 
 

@@ -91,6 +91,13 @@ def rollout_lines(evaluation: Path) -> list[str]:
     return checkpoint_rollout.read_text().splitlines()
 
 
+def test_version_is_the_installed_packages():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"trajforge {version('trajforge')}\n"
+
+
 def test_sql_refuses_writes(prefect_harness, tmp_path):
     write_bundle(tiny_bundle(), tmp_path / "raw")
     assert (
