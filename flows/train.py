@@ -251,6 +251,10 @@ def train_command(
         return
     started = time.perf_counter()
     try:
+        if getattr(settings, "generator", "hf") == "vllm":  # a missing engine first: no path can fix it
+            from trainer.generation import require_generator
+
+            require_generator("vllm")
         check_lake(lake, ["records"])  # these before Prefect and torch start: said in a second
         if base is not None:
             check_model_folder(base)

@@ -20,7 +20,7 @@ from transforms.ingest import ingest_bundle
 runner = CliRunner()
 HEADLINE = ["RVA", "OVA", "F1", "Acc", "DM-JSD", "TE", "PF", "dCTR", "dACR", "T-JSD"]
 SUPPLEMENTARY = ["action_JSD", "funnel", "RecVerse", "HCO", "cohorts", "replay_unscored", "counts"]
-EFFECT = ["effect_ratio", "effect_error", "effect_ci"]
+EFFECT = ["effect_ratio", "effect_error", "effect_ci", "effect_users"]
 ALIGNMENT = ["decision_alignment", "purchase_alignment", "no_purchase_alignment", "purchase_sessions",
              "no_purchase_sessions"]  # fmt: skip
 SESSIONS = 6
@@ -53,7 +53,7 @@ def test_evaluate_writes_traces_report_json_and_html(prefect_harness, lake, tmp_
     assert list(report["simulators"]) == specs
     for figures in report["simulators"].values():
         assert list(figures) == HEADLINE + SUPPLEMENTARY + EFFECT
-        assert [figures[key] for key in EFFECT] == [None, None, None]  # no effect estimate here
+        assert [figures[key] for key in EFFECT] == [None] * len(EFFECT)  # no effect estimate here
     assert report["real"]["sessions"] == SESSIONS and len(read_traces(out / "real.jsonl")) == SESSIONS
     for spec in specs:
         paths = report["traces"][spec]
