@@ -17,6 +17,7 @@ from rich.table import Table
 
 from flows.interrupt import InterruptibleGroup
 from flows.preflight import (
+    InputError,
     check_lake,
     check_new_lake,
     check_sessions,
@@ -617,6 +618,16 @@ def serve(
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly run (UTC)")] = "0 2 * * *",
 ) -> None:
     """Serve the pipeline's deployments (nightly run + on-demand validation) from this process."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    if not raw.is_dir():
+        raise InputError(f"--raw {raw} is not a folder: the nightly run ingests the raw log bundle in it")
+    check_writable_folder(lake, "--lake")
+    try:
+        CronSchedule(cron=cron)
+    except ValidationError:
+        raise InputError(f"--cron {cron!r} is not a cron schedule (five fields, e.g. '0 2 * * *')") from None
     from flows.deployments import serve_deployments
 
     serve_deployments(str(raw.resolve()), str(lake.resolve()), cron)

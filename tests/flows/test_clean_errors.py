@@ -298,3 +298,15 @@ def test_every_command_reading_a_config_refuses_a_misspelt_section(tmp_path, lak
     }[command]
     one_line(runner.invoke(app, [*args, "--config", str(config)]), 1, "unknown section [trian]", "'train'")
     assert not (tmp_path / "new").exists() and not (tmp_path / "work").exists()
+
+
+def test_serve_refuses_a_missing_bundle_an_unwritable_lake_and_a_bad_schedule(tmp_path):
+    missing = tmp_path / "no-raw"
+    one_line(runner.invoke(app, ["serve", "--raw", str(missing)]), 1, f"--raw {missing} is not a folder")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (tmp_path / "file").write_text("")
+    lake = tmp_path / "file" / "lake"  # its parent is a file: nothing can be written there
+    one_line(runner.invoke(app, ["serve", "--raw", str(raw), "--lake", str(lake)]), 1, f"--lake {lake}")
+    bad = ["serve", "--raw", str(raw), "--lake", str(tmp_path / "lake"), "--cron", "nightly"]
+    one_line(runner.invoke(app, bad), 1, "--cron 'nightly' is not a cron schedule")
