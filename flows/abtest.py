@@ -169,6 +169,10 @@ def per_user_counts(sessions: pl.DataFrame, steps: pl.DataFrame) -> pl.DataFrame
 # --- the world: its arms as policies, its shoppers on the served pages -------------------------
 
 
+#: the names of the world's own ranking policies (``world_policies``), beside the built-in ones
+WORLD_POLICY_NAMES = ("baseline", "treatment")
+
+
 def world_policies(world: WorldSimulator) -> dict[str, Callable[[int], RankFunction]]:
     """The world's ``baseline`` and ``treatment`` as ranking policies: the world's own scores from
     its catalog's popularity and the shopper's latent traits, with noise of their own."""
@@ -193,7 +197,7 @@ def world_policies(world: WorldSimulator) -> dict[str, Callable[[int], RankFunct
 
         return build
 
-    return {"baseline": arm(False), "treatment": arm(True)}
+    return dict(zip(WORLD_POLICY_NAMES, (arm(False), arm(True)), strict=True))
 
 
 def served_run(world: WorldSimulator, served: Sequence[Session]) -> tuple[Run, dict[str, int]]:
