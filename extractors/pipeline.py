@@ -1,13 +1,16 @@
 """Extraction over the lake, one user-bucket partition at a time (plain Python; the flow wraps it).
 
-Per bucket: read ``records`` (+ the users' ``steps`` and their ``items``) from the lake, build
+Per bucket: read ``records`` (+ the users' ``steps`` and their ``items``) from the lake, or from a
+lake-shaped ``states`` folder holding the records as rendered before any extraction (the pipeline's:
+the prompts shown to the LLM are then the same on every run, whatever was extracted before), build
 the intent jobs (train split only; one per (mode, trajectory)) and the rationale
 jobs (one per recorded action), run the backend, then write into the stage's staging
 folder (``transforms.lake.Staging``, laid out like the lake):
 
-* the bucket's intents / rationales / quarantine rows as partial files under
-  ``STAGED/.staging/extract-parts/bucket=K/`` (assembled into tables by ``finalize``), and
-* ``records/bucket=K`` with ``rationale``, ``response`` and (train rows) ``intent`` filled.
+the bucket's intents / rationales / quarantine rows as partial files under
+``STAGED/.staging/extract-parts/bucket=K/`` (assembled into tables by ``finalize``). The records
+themselves have one writer, the records stage: rendered again after extraction, they carry the
+rationales, gold responses and intents.
 
 The lake itself is untouched until the staged tables are swapped in (the flow gates them
 first), so a run killed at any point leaves the lake's previous tables. What it paid for
@@ -50,19 +53,17 @@ from transforms.lake import (
     Staging,
     conform,
     scan_table,
-    table_dir,
     table_files,
     write_quarantine,
     write_table,
 )
-from transforms.records import blank_as_null, gold_missing, response_text, token_estimate
-from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, RECORDS, polars_schema
+from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, polars_schema
 
 STAGE = "extract"
 PARTS = Path(STAGING) / "extract-parts"  # scratch of a staging folder: never swapped into the lake
 RUNS = Path("_runs") / "extract"
 KINDS = ("intents", "rationales")
-TABLES = ("intents", "rationales", "records")  # what the stage writes (besides its quarantine rows)
+TABLES = ("intents", "rationales")  # what the stage writes (besides its quarantine rows)
 T = TypeVar("T")
 
 
@@ -94,17 +95,20 @@ class BucketReport:
         return cls(**{**data, "carry": Carry(**data["carry"])})
 
 
-def record_buckets(lake: str | Path) -> list[int]:
-    """Buckets of the records table (hive folders ``bucket=K``)."""
-    parents = {f.parent.name for f in table_files(lake, "records")}
+def record_buckets(states: str | Path) -> list[int]:
+    """Buckets of the records table of ``states`` (a lake, or a lake-shaped folder; hive ``bucket=K``)."""
+    parents = {f.parent.name for f in table_files(states, "records")}
     return sorted(int(p.split("=", 1)[1]) for p in parents if p.startswith("bucket="))
 
 
 # --- loading -----------------------------------------------------------------------------------
 
 
-def load_bucket(lake: str | Path, bucket: int) -> tuple[pl.DataFrame, dict[str, Timeline]]:
-    records = scan_table(lake, "records").filter(pl.col("bucket") == bucket).collect()
+def load_bucket(
+    lake: str | Path, bucket: int, states: str | Path | None = None
+) -> tuple[pl.DataFrame, dict[str, Timeline]]:
+    """One bucket's records (from ``states`` when given, else the lake's) and its users' timelines."""
+    records = scan_table(states or lake, "records").filter(pl.col("bucket") == bucket).collect()
     users = records["user_id"].unique()
     steps = scan_table(lake, "steps", STEP_COLUMNS).filter(pl.col("user_id").is_in(users)).collect()
     shown = pl.concat(
@@ -377,33 +381,6 @@ def quarantine_frame(
     return _frame(rows, QUARANTINE).drop("stage")
 
 
-def fill_records(
-    records: pl.DataFrame, intents: pl.DataFrame, rationales: pl.DataFrame, quarantine: pl.DataFrame
-) -> pl.DataFrame:
-    """``rationale``, the gold ``response`` (null where no rationale was accepted, with the reason in
-    ``gold_missing``) and (train rows) ``intent`` from this run's outputs; the same expressions as the
-    records stage."""
-    held = quarantine["payload"].str.json_path_match("$.record_id").drop_nulls()
-    frame = records.drop("rationale", "intent").join(
-        rationales.select("record_id", "rationale"), on="record_id", how="left", maintain_order="left"
-    )
-    frame = frame.join(
-        intents.select("mode", "trajectory_id", pl.col("intent_text").alias("intent")),
-        on=["mode", "trajectory_id"],
-        how="left",
-        maintain_order="left",
-    )
-    frame = frame.with_columns(
-        blank_as_null(pl.col("rationale")).alias("rationale"),
-        pl.when(pl.col("split") == "train").then(pl.col("intent")).alias("intent"),
-    )
-    frame = frame.with_columns(gold_missing(pl.col("record_id").is_in(held.implode())).alias("gold_missing"))
-    frame = frame.with_columns(response_text().alias("response"))
-    return frame.with_columns(
-        token_estimate(pl.col("system").str.len_bytes()).alias("token_estimate")
-    ).select(RECORDS.names)
-
-
 # --- writing ---------------------------------------------------------------------------------
 
 
@@ -412,13 +389,6 @@ def _write_parquet(frame: pl.DataFrame, schema: Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     pq.write_table(conform(frame, schema), tmp, compression="zstd", compression_level=3)
     os.replace(tmp, path)
-
-
-def write_records_partition(staged: str | Path, bucket: int, frame: pl.DataFrame) -> Path:
-    """Write ``records/bucket=K`` into the staging folder ``staged``."""
-    target = table_dir(staged, "records") / f"bucket={bucket}"
-    _write_parquet(frame, RECORDS, target / "part-0.parquet")
-    return target
 
 
 def part_path(staged: str | Path, bucket: int, name: str) -> Path:
@@ -440,9 +410,10 @@ def extract_bucket(
     carry: Carry | None = None,
     *,
     staged: str | Path,
+    states: str | Path | None = None,
 ) -> BucketReport:
     """Extract one bucket of ``lake`` and write its outputs into ``staged``; see the module docstring."""
-    records, timelines = load_bucket(lake, bucket)
+    records, timelines = load_bucket(lake, bucket, states)
     i_jobs, r_jobs = intent_jobs(records, timelines), rationale_jobs(records, timelines)
     label = f"extract bucket {bucket} ({settings.backend})"
     i_out, r_out, stats, carry = run_backend(settings, lake, carry or Carry(), i_jobs, r_jobs, label)
@@ -464,7 +435,6 @@ def extract_bucket(
         QUARANTINE,
         part_path(staged, bucket, "quarantine"),
     )
-    write_records_partition(staged, bucket, fill_records(records, intents, rationales, quarantine))
     counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
     for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
         lost = quarantine.filter((pl.col("table_name") == kind) & (pl.col("reason") == "missing_step")).height
@@ -566,7 +536,9 @@ def record_summary(lake: str | Path, summary: dict[str, Any]) -> Path:
     return stamped
 
 
-def extract_lake(lake: str | Path, settings: ExtractSettings) -> dict[str, Any]:
+def extract_lake(
+    lake: str | Path, settings: ExtractSettings, states: str | Path | None = None
+) -> dict[str, Any]:
     """The whole stage without Prefect and without the validation gate: staged, then swapped in
     (the flow runs the same steps as tasks and gates the staged tables before its swap)."""
     started = datetime.now(UTC).isoformat()
@@ -575,8 +547,8 @@ def extract_lake(lake: str | Path, settings: ExtractSettings) -> dict[str, Any]:
     try:
         reports: list[BucketReport] = []
         carry = Carry()
-        for bucket in record_buckets(lake):
-            reports.append(extract_bucket(lake, bucket, settings, carry, staged=staged))
+        for bucket in record_buckets(states or lake):
+            reports.append(extract_bucket(lake, bucket, settings, carry, staged=staged, states=states))
             carry = reports[-1].carry
         summary = finalize(lake, settings, reports, started, staged=staged)
         staging.commit()

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
+from flows.retrying import IO_RETRIES
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
@@ -35,7 +36,7 @@ def write_json(path: Path, payload: dict) -> None:
     os.replace(temporary, path)
 
 
-@task(name="chain-histories", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="chain-histories", cache_policy=NO_CACHE, **IO_RETRIES)
 def chain_histories(lake: str, staged: str) -> dict:
     """Read the lake's sessions, write histories into ``staged``; returns the statistics (small)."""
     sessions = scan_table(lake, "sessions")
@@ -50,7 +51,7 @@ def chain_histories(lake: str, staged: str) -> dict:
     }
 
 
-@task(name="record-chain-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+@task(name="record-chain-run", cache_policy=NO_CACHE, **IO_RETRIES)
 def record_run(lake: str, result: dict) -> str:
     """Store the summary as LAKE/_runs/chain/summary.json and as a Prefect markdown artifact."""
     payload = {**result, "lake": lake, "paper": PAPER, "finished_at": datetime.now(UTC).isoformat()}
@@ -60,7 +61,7 @@ def record_run(lake: str, result: dict) -> str:
     return str(summary_path(lake))
 
 
-@flow(name="chain")
+@flow(name="chain", persist_result=False)  # its tasks' results stay in memory
 def chain_flow(lake: str) -> dict:
     """sessions -> histories (one row per user) + statistics summary."""
     started = time.perf_counter()

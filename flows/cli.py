@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flows.interrupt import InterruptibleGroup
+from flows.options import DEFAULT_LAKE, LakeOption
 from flows.preflight import (
     InputError,
     check_lake,
@@ -131,7 +132,6 @@ def main(
     """Build faithful shopper-simulator datasets from interaction logs."""
 
 
-LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
 
 
 class Split(StrEnum):
@@ -205,19 +205,23 @@ def synth(
     with progress_bar(console) as bar:
         bar.add_task(f"synthesising {users} shoppers (seed {seed})", total=None)
         summary = write_bundle(out, users=users, seed=seed, fmt=fmt, overwrite=overwrite)
+    print_bundle(out, summary)
+    console.print(f"wrote {out} in {time.perf_counter() - started:.1f}s")
+
+
+def print_bundle(out: Path, summary: dict) -> None:
     table = Table(title=f"raw bundle {out}")
     table.add_column("table")
     table.add_column("rows", justify="right")
     for name, rows in summary.get("counts", {}).items():
         table.add_row(name, f"{rows:,}")
     console.print(table)
-    console.print(f"wrote {out} in {time.perf_counter() - started:.1f}s")
 
 
 @app.command()
 def ingest(
     raw: Annotated[Path, typer.Argument(help="raw log bundle folder, or UserArena JSONL", exists=True)],
-    lake: LakeOption = Path("sample/lake"),
+    lake: LakeOption = DEFAULT_LAKE,
     config: IngestConfig = None,
     buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
@@ -244,7 +248,7 @@ def ingest(
 
 
 @app.command()
-def chain(lake: LakeOption = Path("sample/lake")) -> None:
+def chain(lake: LakeOption = DEFAULT_LAKE) -> None:
     """Sessions -> per-user histories, with chain statistics beside the UserArena paper's."""
     from flows.chain import chain_command
 
@@ -253,7 +257,7 @@ def chain(lake: LakeOption = Path("sample/lake")) -> None:
 
 @app.command()
 def records(
-    lake: LakeOption = Path("sample/lake"),
+    lake: LakeOption = DEFAULT_LAKE,
     config: RecordsConfig = None,
     mode: Annotated[Mode, typer.Option("--mode", help="history: the session's, across sessions")] = Mode.both,
     window_single: Annotated[
@@ -331,7 +335,7 @@ _register_train()
 
 @app.command()
 def validate(
-    lake: LakeOption = Path("sample/lake"),
+    lake: LakeOption = DEFAULT_LAKE,
     table: Annotated[str | None, typer.Argument(help="one table (default: every table with a suite)")] = None,
 ) -> None:
     """Validate lake tables against their Great Expectations suites; Data Docs per run."""
@@ -349,7 +353,7 @@ class SqlFormat(StrEnum):
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="read-only SQL over the lake views")],
-    lake: LakeOption = Path("sample/lake"),
+    lake: LakeOption = DEFAULT_LAKE,
     limit: Annotated[int, typer.Option("--limit", help="rows printed as a table (csv and json: all)")] = 50,
     output: Annotated[
         SqlFormat, typer.Option("--format", help="csv and json: every row; in csv lists and structs are JSON")
@@ -404,14 +408,13 @@ def run(
     }
     check_writable_folder(workdir, "--workdir")
     raw, lake = workdir / "raw", workdir / "lake"
-    # the job's raw/ is its own, as its lake, runs and evaluation are: a rerun replaces it
-    synth(out=raw, users=users, seed=seed, fmt=BundleFormat.parquet, overwrite=True)
     try:
         with progress_bar(console) as bar:
-            bar.add_task("main job: pipeline (gated) -> train sft -> train optd -> evaluate", total=None)
-            result = main_job_flow(str(raw.resolve()), str(workdir.resolve()), **stages)
+            bar.add_task("main job: logs -> pipeline (gated) -> train sft -> optd -> evaluate", total=None)
+            result = main_job_flow(str(workdir.resolve()), users=users, seed=seed, **stages)
     except (BundleError, GateError, ValueError) as err:
         raise stopped(err) from None
+    print_bundle(raw, result["synthesise"])
     print_ingest_summary(console, result["ingest"])
     print_chain_summary(console, result["chain"])
     print_extract_summary(console, result["extract"])
@@ -426,7 +429,21 @@ def run(
     console.print(f"[bold]evaluation report:[/bold] {evaluation['html']}", soft_wrap=True)
     console.print(f"[bold]figures:[/bold] {evaluation['json']}", soft_wrap=True)
     print_checkpoint_figures(console, workdir, evaluation["report"], result["checkpoint"])
+    print_stage_times(console, result["stages"])
     console.print(f"main job finished in {time.perf_counter() - started:.1f}s")
+
+
+def print_stage_times(console: Console, stages: dict[str, dict]) -> None:
+    """Each stage's seconds, and those Prefect's cache served because nothing they read changed."""
+    table = Table(title="the main job's stages")
+    for column in ("stage", "seconds", "from the cache"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for name, timing in stages.items():
+        table.add_row(name, f"{timing['seconds']:.1f}", "✓" if timing["reused"] else "")
+    console.print(table)
+    reused = [name for name, timing in stages.items() if timing["reused"]]
+    if reused:
+        console.print(f"unchanged since the last run, served from Prefect's cache: {', '.join(reused)}")
 
 
 def print_checkpoint_figures(console: Console, workdir: Path, report: dict, checkpoint: str) -> None:
@@ -493,7 +510,6 @@ def score(
 
 @app.command()
 def evaluate(
-    lake: LakeOption,
     simulator: Annotated[
         list[str],
         typer.Option(
@@ -503,6 +519,7 @@ def evaluate(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", help="folder for the traces, report.json and report.html")],
+    lake: LakeOption = DEFAULT_LAKE,
     split: Annotated[Split, typer.Option("--split", help="sessions evaluated")] = Split.test,
     sessions: Annotated[
         int | None, typer.Option("--sessions", min=1, help="evaluate only the first N sessions")
@@ -566,7 +583,6 @@ def evaluate(
 
 @app.command()
 def abtest(
-    lake: LakeOption,
     policy_a: Annotated[
         str,
         typer.Option(
@@ -583,6 +599,7 @@ def abtest(
     out: Annotated[
         Path, typer.Option("--out", help="folder for counts.parquet, report.json and report.html")
     ],
+    lake: LakeOption = DEFAULT_LAKE,
     users: Annotated[int | None, typer.Option("--users", min=2, help="first N held-out users (all)")] = None,
     split: Annotated[str, typer.Option("--split", help="the held-out split")] = "test",
     seed: Annotated[int, typer.Option("--seed", help="the split into arms, the policies' noise")] = 0,
@@ -608,7 +625,7 @@ def abtest(
 @app.command()
 def serve(
     raw: Annotated[Path, typer.Option("--raw", help="raw log bundle the nightly run ingests")],
-    lake: LakeOption = Path("lake"),
+    lake: LakeOption = DEFAULT_LAKE,
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly run (UTC)")] = "0 2 * * *",
 ) -> None:
     """Serve the pipeline's deployments (nightly run + on-demand validation) from this process."""

@@ -234,7 +234,7 @@ def report(out: str, content: dict[str, Any], traces: dict[str, str]) -> dict[st
     return paths
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", persist_result=False)  # its tasks' results stay in memory
 def evaluate_flow(
     lake: str,
     simulators: list[str],

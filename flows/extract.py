@@ -35,7 +35,9 @@ from extractors.pipeline import (
     record_summary,
 )
 from flows.catalog import refresh_catalog_task
+from flows.options import DEFAULT_LAKE
 from flows.preflight import check_lake
+from flows.retrying import IO_RETRIES
 from flows.settings import load_settings
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
@@ -43,19 +45,19 @@ from validation.report import GateError
 
 
 @task(name="list-record-buckets", cache_policy=NO_CACHE)
-def list_buckets(lake: str) -> list[int]:
-    buckets = record_buckets(lake)
+def list_buckets(states: str) -> list[int]:
+    buckets = record_buckets(states)
     if not buckets:
-        raise FileNotFoundError(f"no records under {lake}: run the records stage first")
+        raise FileNotFoundError(f"no records under {states}: run the records stage first")
     return buckets
 
 
 @task(name="extract-bucket", cache_policy=NO_CACHE)
 def extract_partition(
-    lake: str, staged: str, bucket: int, settings: ExtractSettings, carry: dict[str, Any]
+    lake: str, staged: str, bucket: int, settings: ExtractSettings, carry: dict[str, Any], states: str | None
 ) -> dict[str, Any]:
     """One bucket of ``lake`` extracted into ``staged``; its report (small)."""
-    report = extract_bucket(lake, bucket, settings, Carry(**carry), staged=staged)
+    report = extract_bucket(lake, bucket, settings, Carry(**carry), staged=staged, states=states)
     get_run_logger().info("bucket %d: %s", bucket, report.counts)
     return report.to_json()
 
@@ -67,7 +69,7 @@ def assemble(
     return finalize(lake, settings, [BucketReport.from_json(r) for r in reports], started, staged=staged)
 
 
-@task(name="record-extract-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+@task(name="record-extract-run", cache_policy=NO_CACHE, **IO_RETRIES)
 def record_run(lake: str, summary: dict[str, Any]) -> str:
     """``LAKE/_runs/extract/latest.json`` (and a stamped copy) and the Prefect markdown artifact."""
     create_markdown_artifact(
@@ -76,18 +78,21 @@ def record_run(lake: str, summary: dict[str, Any]) -> str:
     return str(record_summary(lake, summary))
 
 
-@flow(name="extract")
-def extract_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str, Any]:
+@flow(name="extract", persist_result=False)  # its tasks' results stay in memory
+def extract_flow(
+    lake: str, settings: ExtractSettings | None = None, states: str | None = None
+) -> dict[str, Any]:
     """Intents (train trajectories) and rationales (every recorded action), staged, gated, then
-    swapped into the lake with the records they fill."""
+    swapped into the lake; the states are the lake's records, or those of the lake-shaped folder
+    ``states`` (rendered before any extraction)."""
     settings = settings or ExtractSettings()
     clock = time.perf_counter()
     started = datetime.now(UTC).isoformat()
     with staging(lake) as staged:
         reports: list[dict[str, Any]] = []
         carry: dict[str, Any] = {}
-        for bucket in list_buckets(lake):
-            reports.append(extract_partition(lake, staged, bucket, settings, carry))
+        for bucket in list_buckets(states or lake):
+            reports.append(extract_partition(lake, staged, bucket, settings, carry, states))
             carry = reports[-1]["carry"]
         summary = assemble(lake, staged, settings, reports, started)
         gate = gate_task(lake, list(TABLES), stage="extract", staged=staged, accounting=kept_rows(summary))
@@ -137,7 +142,7 @@ def spend_line(summary: dict[str, Any]) -> str:
 def extract_command(
     lake: Annotated[
         str, typer.Option("--lake", help="lake folder with records, steps and items")
-    ] = "sample/lake",
+    ] = str(DEFAULT_LAKE),
     backend: Annotated[
         str, typer.Option("--backend", help="heuristic (offline rules) | openai")
     ] = "heuristic",
@@ -155,8 +160,9 @@ def extract_command(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
     request_timeout: Annotated[float | None, typer.Option("--timeout", help="per-request seconds")] = None,
 ) -> dict[str, Any]:
-    """Extract intents and rationales and fill the gold responses in ``records``; exit 1 if the
-    validation gate stops the run (the lake keeps its previous tables)."""
+    """Extract intents and rationales into their tables (``trajforge records`` then renders them into
+    the gold responses); exit 1 if the validation gate stops the run (the lake keeps its previous
+    tables)."""
     settings = load_settings(
         ExtractSettings,
         "extract",
@@ -177,7 +183,9 @@ def extract_command(
         from flows.cli import stopped  # the CLI's own stop: one paragraph, exit code 1
 
         raise stopped(err) from None
-    print_summary(Console(), summary)
+    console = Console()
+    print_summary(console, summary)
+    console.print(f"next: trajforge records --lake {lake}   (renders them into the gold responses)")
     return summary
 
 

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.catalog import refresh_catalog_task
+from flows.retrying import IO_RETRIES
 from flows.validate import gate_task, quiet_tracebacks, staging, swap_staged
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
@@ -30,7 +31,7 @@ def fingerprint(raw: str) -> str:
     return bundle_fingerprint(raw)
 
 
-@task(name="ingest-tables", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="ingest-tables", cache_policy=NO_CACHE, **IO_RETRIES)
 def ingest_tables(raw: str, lake: str, staged: str, settings: IngestSettings, source_format: str) -> dict:
     """Ingest ``raw`` into the staging folder ``staged``; the lake is untouched until the gate passes."""
     logger = get_run_logger()
@@ -109,7 +110,7 @@ def unchanged(lake: str, bundle: str, settings: IngestSettings) -> dict | None:
     return previous if previous.get("fingerprint") == bundle and same_settings else None
 
 
-@flow(name="ingest")
+@flow(name="ingest", persist_result=False)  # its tasks' results stay in memory
 def ingest_flow(
     raw: str,
     lake: str,

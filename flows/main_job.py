@@ -17,10 +17,9 @@ from prefect import flow
 from pydantic import BaseModel, Field
 
 from extractors.config import ExtractSettings
-from flows.evaluate import evaluate_flow
-from flows.evaluate_folder import run_settings, start_evaluation
+from flows.caching import run_stage
 from flows.pipeline import pipeline_flow
-from flows.train import train_flow
+from flows.stages import evaluate_stage, synthesise_stage, train_stage
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
 from transforms.config import IngestSettings
 from transforms.prompts import PromptSettings
@@ -94,38 +93,42 @@ def demo_optd(train: dict[str, Any] | None = None, optd: dict[str, Any] | None =
 
 @flow(name="main-job")
 def main_job_flow(
-    raw: str,
     workdir: str,
+    users: int = 300,
+    seed: int = 7,
     settings: IngestSettings | None = None,
     records: PromptSettings | None = None,
     extract: ExtractSettings | None = None,
     train: TrainSettings | None = None,
     optd: OPTDSettings | None = None,
     job: MainJobSettings | None = None,
-) -> dict[str, Any]:
-    """Raw logs -> lake -> SFT teacher -> OPTD checkpoint -> evaluation report; returns every stage's
-    summary and the paths."""
+) -> dict:
+    """Synthetic logs of ``users`` shoppers (``seed``) -> lake -> SFT teacher -> OPTD checkpoint ->
+    evaluation, in ``workdir`` (``raw/``, ``lake/``, ``train/``, ``evaluation/``). Every stage is
+    served from Prefect's cache when nothing it reads, its settings or the code changed: run again in
+    the same workdir, the job reuses what is there and retrains nothing."""
     job = job or MainJobSettings()
     root = Path(workdir)
-    lake = str(root / "lake")
-    records = records or demo_records()
-    dataset = pipeline_flow(raw, lake, settings=settings, extract=extract, records=records)
-    # the job's run folders are its own: a rerun replaces its runs, as its stages replace the lake's tables
-    teacher = train_flow(
-        lake, str(root / "train" / "sft"), stage="sft", settings=train or demo_training(), overwrite=True
-    )
-    checkpoint = train_flow(
-        lake,
-        str(root / "train" / "optd"),
-        stage="optd",
-        base=teacher,
-        settings=optd or demo_optd(),
-        overwrite=True,
-    )
-    simulators = [f"checkpoint:{checkpoint}", *job.baselines]
+    raw, lake = str(root / "raw"), str(root / "lake")
+    synthesised = run_stage(synthesise_stage, lake, raw=raw, users=users, seed=seed)
+    dataset = pipeline_flow(raw, lake, settings=settings, extract=extract, records=records or demo_records())
+    teacher = run_stage(train_stage, lake, lake=lake, out=str(root / "train" / "sft"), stage="sft", base=None,
+                        settings=train or demo_training())  # fmt: skip
+    checkpoint = run_stage(train_stage, lake, lake=lake, out=str(root / "train" / "optd"), stage="optd",
+                           base=teacher.summary["checkpoint"], settings=optd or demo_optd())  # fmt: skip
+    simulators = [f"checkpoint:{checkpoint.summary['checkpoint']}", *job.baselines]
     evaluated = {"sessions": job.sessions, "sampling": {"max_new_tokens": job.max_new_tokens},
                  "effect_users": job.effect_users}  # fmt: skip
-    # a rerun evaluates its new checkpoint afresh: the previous run's traces are not resumed
-    start_evaluation(root / "evaluation", run_settings(lake, simulators, **evaluated), overwrite=True)
-    evaluation = evaluate_flow(lake, simulators, str(root / "evaluation"), **evaluated)
-    return {**dataset, "teacher": teacher, "checkpoint": checkpoint, "evaluation": evaluation}
+    evaluation = run_stage(evaluate_stage, lake, lake=lake, simulators=simulators,
+                           out=str(root / "evaluation"), settings=evaluated)  # fmt: skip
+    later = {"train sft": teacher, "train optd": checkpoint, "evaluate": evaluation}
+    stages = {"synthesise": synthesised.timing(), **dataset["stages"]}
+    stages |= {name: outcome.timing() for name, outcome in later.items()}
+    return {
+        **dataset,
+        "synthesise": synthesised.summary,
+        "teacher": teacher.summary["checkpoint"],
+        "checkpoint": checkpoint.summary["checkpoint"],
+        "evaluation": evaluation.summary,
+        "stages": stages,
+    }

@@ -10,10 +10,8 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from extractors.config import ExtractSettings
-from flows.chain import chain_flow
-from flows.extract import extract_flow
-from flows.ingest import ingest_flow
-from flows.records import records_flow
+from flows.caching import run_stage
+from flows.stages import chain_stage, extract_stage, extraction_states_stage, ingest_stage, records_stage
 from transforms.config import IngestSettings
 from transforms.prompts import PromptSettings
 
@@ -29,13 +27,25 @@ def pipeline_flow(
     records: PromptSettings | None = None,
 ) -> dict:
     """Ingest ``raw`` into ``lake``, chain sessions, render records, extract intents and rationales
-    (offline backend unless ``extract`` says otherwise); returns each stage's summary."""
+    (offline backend unless ``extract`` says otherwise); returns each stage's summary and, under
+    ``stages``, each stage's seconds and whether Prefect's cache served it (``force`` runs every
+    stage again)."""
     logger = get_run_logger()
-    ingested = ingest_flow(raw, lake, settings=settings, force=force, source_format=source_format)
-    logger.info("ingest: %s steps", ingested["output_rows"].get("steps"))
-    chained = chain_flow(lake)
-    records_flow(lake, settings=records)
-    extracted = extract_flow(lake, settings=extract)
-    # render again so each state's history window shows the rationales of the steps before it
-    rendered = records_flow(lake, settings=records)
-    return {"ingest": ingested, "chain": chained, "extract": extracted, "records": rendered}
+    ingested = run_stage(ingest_stage, lake, force, raw=raw, lake=lake, settings=settings,
+                         source_format=source_format)  # fmt: skip
+    logger.info("ingest: %s steps", ingested.summary["output_rows"].get("steps"))
+    chained = run_stage(chain_stage, lake, force, lake=lake)
+    # extraction reads the states as before any extraction, so its requests are the same on every run
+    states = run_stage(extraction_states_stage, lake, force, lake=lake, settings=records)
+    extracted = run_stage(extract_stage, lake, force, lake=lake, settings=extract)
+    # the records' one writer: gold responses, intents, and each history window's rationales
+    rendered = run_stage(records_stage, lake, force, lake=lake, settings=records)
+    outcomes = {"ingest": ingested, "chain": chained, "extraction states": states,
+                "extract": extracted, "records": rendered}  # fmt: skip
+    return {
+        "ingest": ingested.summary,
+        "chain": chained.summary,
+        "extract": extracted.summary,
+        "records": rendered.summary,
+        "stages": {name: outcome.timing() for name, outcome in outcomes.items()},
+    }

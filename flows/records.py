@@ -15,6 +15,7 @@ from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
 from flows.chain import write_json
+from flows.retrying import IO_RETRIES
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
 from transforms.lake import recorded_settings, scan_table
@@ -34,7 +35,7 @@ def summary_path(lake: str | Path) -> Path:
     return records_summary_path(lake)
 
 
-@task(name="build-records", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="build-records", cache_policy=NO_CACHE, **IO_RETRIES)
 def build(lake: str, staged: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
     """Render the lake's states into ``staged``; the lake's records stay until the gate passes."""
     built = write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states, out=staged)
@@ -47,7 +48,7 @@ def with_lake_geometry(lake: str, settings: PromptSettings | None) -> PromptSett
     return settings.model_copy(update={"geometry": recorded_settings(lake).geometry})
 
 
-@task(name="export-chat-jsonl", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="export-chat-jsonl", cache_policy=NO_CACHE, **IO_RETRIES)
 def export(lake: str, path: str, splits: list[str] | None, modes: list[str] | None) -> dict:
     """The export's summary; when there is nothing to train on, its message under ``nothing_to_train_on``
     (the flow records the run first, then stops)."""
@@ -57,7 +58,7 @@ def export(lake: str, path: str, splits: list[str] | None, modes: list[str] | No
         return {**err.summary.model_dump(), "splits": splits, "nothing_to_train_on": str(err)}
 
 
-@task(name="record-records-run", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=1)
+@task(name="record-records-run", cache_policy=NO_CACHE, **IO_RETRIES)
 def record_run(lake: str, result: dict) -> str:
     write_json(summary_path(lake), {**result, "lake": lake, "finished_at": datetime.now(UTC).isoformat()})
     create_markdown_artifact(key="records-summary", markdown=summary_markdown(result), description="records")
@@ -81,7 +82,7 @@ def summary_markdown(result: dict) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-@flow(name="records")
+@flow(name="records", persist_result=False)  # its tasks' results stay in memory
 def records_flow(
     lake: str,
     modes: list[str] | None = None,

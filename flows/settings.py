@@ -1,4 +1,5 @@
-"""One settings loader for every command: a TOML file's section, then the environment, then flags.
+"""One settings loader for every command: defaults, then a TOML file's section, then the environment,
+then flags, each above the one before (the order of most command-line tools).
 
 A TOML file may hold every stage's section (``[ingest]``, ``[records]``, ``[extract]``, ``[train]``,
 ``[optd]``, ``[main_job]``); each command reads its own, so one file can configure a whole run. A
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource
 
 Settings = TypeVar("Settings", bound=BaseModel)
 
@@ -34,12 +36,30 @@ class ConfigError(ValueError):
 
 
 def load_settings(model: type[Settings], section: str, config: Path | None, /, **flags: object) -> Settings:
-    """``model`` from ``[section]`` of the TOML file ``config`` (if given), with the flags that were
-    set (not None) on top; a pydantic-settings model adds its environment variables under both.
+    """``model`` from ``[section]`` of the TOML file ``config`` (if given), a pydantic-settings model's
+    environment variables over it, and the flags that were set (not None) over both.
     The first three are positional only: a flag may be called ``model`` (the extract model)."""
-    values = toml_section(config, section)
+    values = merged(toml_section(config, section), environment_values(model))
     values.update({k: v for k, v in flags.items() if v is not None})
     return settings_from(model, values, f"[{section}]")
+
+
+def environment_values(model: type[BaseModel]) -> dict[str, Any]:
+    """The values ``model``'s environment variables set (pydantic-settings' own source reads them);
+    none for a plain model."""
+    if not issubclass(model, BaseSettings):
+        return {}
+    return EnvSettingsSource(model)()
+
+
+def merged(below: dict[str, Any], above: dict[str, Any]) -> dict[str, Any]:
+    """``above`` over ``below``, nested tables key by key (an environment variable for one nested key
+    leaves the file's other keys of that table)."""
+    out = dict(below)
+    for key, value in above.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if nested else value
+    return out
 
 
 def settings_from(model: type[Settings], values: dict[str, Any], where: str) -> Settings:

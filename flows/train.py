@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.markup import escape
 
+from flows.options import DEFAULT_LAKE
 from flows.preflight import check_lake, check_model_folder
 from flows.settings import load_settings, toml_section
 from flows.training_artifacts import publish_training_progress
@@ -152,7 +153,7 @@ def summary_markdown(stage: str, s: dict[str, Any]) -> str:
     )
 
 
-@flow(name="train")
+@flow(name="train", persist_result=False)  # its tasks' results stay in memory
 def train_flow(
     lake: str,
     out: str,
@@ -203,9 +204,9 @@ def train_alongside(
 
 
 def train_command(
-    lake: Annotated[Path, typer.Option("--lake", help="lake folder with the records table")],
     stage: Annotated[StageName, typer.Option("--stage", help="sft: SFT warm-up | optd: distillation")],
     out: Annotated[Path, typer.Option("--out", help="run folder: checkpoints, metrics.jsonl, summary.json")],
+    lake: Annotated[Path, typer.Option("--lake", help="lake folder with the records table")] = DEFAULT_LAKE,
     base: Annotated[
         Path | None,
         typer.Option(

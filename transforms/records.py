@@ -804,18 +804,23 @@ def write_records(
     chunk_states: int = 100_000,
     zstd_level: int = 3,
     out: str | Path | None = None,
+    with_extraction: bool = True,
 ) -> RecordsSummary:
     """(Re)write the ``records`` table from the lake, whole users at a time, atomically; into the
-    lake-shaped folder ``out`` instead when given (a stage's staging folder)."""
+    lake-shaped folder ``out`` instead when given (a stage's staging folder). ``with_extraction``
+    False renders the states as before any extraction (no rationales, responses or intents, whatever
+    the lake holds): the prompts extraction shows an LLM, the same on every run."""
     s = settings or PromptSettings()
     target = Path(out) if out is not None else Path(lake)
     summary = RecordsSummary(modes=list(modes), settings=s.model_dump())
     items = needed_items(lake, s)
     sessions = read_lake_table(lake, "sessions")
     history = read_lake_table(lake, "history") if table_files(lake, "history") else None
-    rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
+    rationales = intents = None
+    if with_extraction:
+        rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
+        intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
     quarantined = quarantined_rationales(lake) if rationales is not None else None
-    intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
     staged = target / STAGING / f"records-{uuid.uuid4().hex[:8]}"
     try:
         for file_no, path in enumerate(table_files(lake, "steps")):

@@ -449,9 +449,6 @@ BORN_IN: dict[str, dict[str, str]] = {
     },
     "records": {
         **dict.fromkeys(RECORDS.names, "records.build_records"),
-        **dict.fromkeys(
-            ("rationale", "response", "gold_missing", "intent"), "extractors.pipeline.fill_records"
-        ),
         **_PLACEMENT,
     },
     "histories": {

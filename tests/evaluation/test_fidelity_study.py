@@ -52,9 +52,10 @@ def test_the_quick_study_writes_every_arm_with_intervals(study):
     for arm in ("optd", "optd_intent_teacher"):
         diagnostics = saved["diagnostics"][arm]
         assert diagnostics.keys() == {"intent_gain_nats", "mean_lambda", "binding_share", "guidance_kl"}
-        assert 0.0 <= diagnostics["mean_lambda"] <= 1.0 and diagnostics["guidance_kl"] <= 0.02 + 1e-6
+        # a token-weighted mean in float32: 1 within rounding when every lambda* is 1
+        assert 0.0 <= diagnostics["mean_lambda"] <= 1.0 + 1e-6 and diagnostics["guidance_kl"] <= 0.02 + 1e-6
     # without a trust region every token takes lambda = 1; a teacher without the intent adds no guidance
-    assert saved["diagnostics"]["optd_no_trust_region"]["mean_lambda"] == 1.0
+    assert saved["diagnostics"]["optd_no_trust_region"]["mean_lambda"] == pytest.approx(1.0, abs=1e-6)
     assert saved["diagnostics"]["optd_plain_teacher"]["guidance_kl"] == pytest.approx(0.0, abs=1e-6)
 
 

@@ -17,7 +17,6 @@ from flows.extract import spend_line
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import SESSION
 from transforms.lake import read_lake_table
-from transforms.records import export_chat_jsonl
 
 LEAKY_INTENT = json.dumps(
     {"anchors": [{"type": "preference", "text": "bought the Solvia boots for 89", "confidence": 0.9}]}
@@ -90,31 +89,8 @@ def test_every_fault_kind_end_to_end(server, lake):
     assert not set(rationales["record_id"]) & set(quarantined)
     assert json.loads(quarantine["detail"][0])[0]["code"] == "future_item"
 
-    # the final state recorded in records: gold responses, and no rationale for the quarantined action
-    records = read_lake_table(lake.path, "records")
-    held = records.filter(pl.col("record_id") == ENTER_COMMENT)
-    assert held["rationale"].is_null().all() and held["response"].is_null().all()  # never an empty target
-    assert held["gold_missing"].to_list() == ["rationale_quarantined"] * held.height
-    done = records.filter(pl.col("record_id") != ENTER_COMMENT)
-    assert done["rationale"].is_not_null().all() and done["gold_missing"].is_null().all()
-    assert all(
-        json.loads(r)["rationale"] == t for r, t in zip(done["response"], done["rationale"], strict=True)
-    )
-    assert records.filter(pl.col("split") == "train")["intent"].is_not_null().all()
-    assert records.filter(pl.col("split") != "train")["intent"].is_null().all()
-
-
-def test_export_after_a_partly_failed_extraction(server, lake, tmp_path):
-    script_faults(server)
-    extract_lake(lake.path, fast_settings(server, max_reasks=2))
-    out = tmp_path / "sft.jsonl"
-    exported = export_chat_jsonl(lake.path, out)
-    # 27 records (19 single + 8 cross); the quarantined rationale is sA's step 3, a single-mode
-    # state only (user A has one session): 26 lines, 1 left out, counted
-    assert exported.lines == 26 and exported.left_out == {"rationale_quarantined": 1}
-    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    assert len(lines) == 26 and ENTER_COMMENT not in {line["record_id"] for line in lines}
-    assert all(json.loads(line["completion"][0]["content"])["rationale"].strip() for line in lines)
+    # the records have one writer, the records stage: extraction leaves them as they were
+    assert read_lake_table(lake.path, "records")["response"].is_null().all()
 
 
 def test_second_run_sends_zero_requests(server, lake):
@@ -161,11 +137,10 @@ def test_budget_cap_stops_cleanly_then_resumes(server, lake):
         "intents": {"jobs": 4, "ok": 2, "quarantined": 0, "pending": 2},
         "rationales": {"jobs": 19, "ok": 8, "quarantined": 0, "pending": 11},
     }
-    # all that is done is kept: in the tables, in records, in the cache; pending is not quarantine
+    # all that is done is kept: in the tables and in the cache; pending is not quarantine
     assert (
         read_lake_table(lake.path, "rationales").height == 8 and len(ResponseCache.in_lake(lake.path)) == 10
     )
-    assert read_lake_table(lake.path, "records").unique("record_id")["rationale"].is_not_null().sum() == 8
     assert read_lake_table(lake.path, "quarantine").filter(pl.col("stage") == "extract").height == 0
 
     assert summary["budget_usd"] == 350.0 and summary["lake_cost_usd"] == 260.0  # the lake's first spend

@@ -84,6 +84,22 @@ def test_main_job_builds_a_queryable_lake_a_checkpoint_and_a_report(prefect_harn
     assert second_real != first_real  # the new lake's sessions, none of the old traces resumed
     rolled = [json.loads(line)["session_id"] for line in rollout_lines(tmp_path / "evaluation")]
     assert set(rolled) == {json.loads(line)["session_id"] for line in second_real.splitlines()}
+    # and once more, unchanged: every stage is served from Prefect's cache, no file rewritten
+    written = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in outputs(tmp_path)}
+    unchanged = runner.invoke(
+        app, ["run", "--users", "40", "--seed", "6", "--workdir", str(tmp_path), "--config", str(config)]
+    )
+    assert unchanged.exit_code == 0, unchanged.output
+    reused = " ".join(unchanged.output.split("served from Prefect's cache:")[1].split("main job")[0].split())
+    stages = "synthesise, ingest, chain, extraction states, extract, records, train sft, train optd, evaluate"
+    assert reused == stages
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in outputs(tmp_path)} == written
+
+
+def outputs(workdir: Path) -> list[Path]:
+    """The files a run leaves: raw logs, lake tables, checkpoints, the evaluation."""
+    folders = ("raw", "lake/steps", "lake/records", "lake/rationales", "train", "evaluation")
+    return sorted(p for folder in folders for p in (workdir / folder).rglob("*") if p.is_file())
 
 
 def rollout_lines(evaluation: Path) -> list[str]:
