@@ -106,6 +106,16 @@ def keep_api_server_through_interrupts() -> None:
         server.subprocess = _SubprocessInOwnSession()
 
 
+def say_which_server(console: Console) -> None:
+    """One line naming the Prefect server the command's flows report to, when one is configured
+    (``PREFECT_API_URL``); without one Prefect starts a temporary server and says so itself."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if url:
+        console.print(f"flows report to the Prefect server at {url}", soft_wrap=True, highlight=False)
+
+
 class InterruptibleGroup(TyperGroup):
     """The command group of the CLI: Ctrl-C during a command prints one line, exit code 130.
 
@@ -121,6 +131,7 @@ class InterruptibleGroup(TyperGroup):
         name, command, rest = super().resolve_command(ctx, args)
         if name not in self.WITHOUT_FLOWS:
             keep_api_server_through_interrupts()
+            say_which_server(self.console)
         return name, command, rest
 
     def invoke(self, ctx: typer.Context) -> Any:

@@ -31,11 +31,17 @@ from transformers import (
 )
 
 PAD, BOS, TURN_START, TURN_END = "<|pad|>", "<|bos|>", "<|im_start|>", "<|im_end|>"
-# ChatML turns; the end of the assistant's turn is the eos token, so a response ends with eos
+# ChatML turns; the end of the assistant's turn is the eos token, so a response ends with eos. The
+# generation markers around an assistant's answer (and its end of turn) let trainers that read them
+# (transformers' ``return_assistant_tokens_mask``, TRL's ``assistant_only_loss``) train on the answer only;
+# the newline after a tag is an expression because transformers renders with trim_blocks
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ message['content'] }}<|im_end|>{% endif %}{{ '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
