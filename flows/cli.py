@@ -132,8 +132,6 @@ def main(
     """Build faithful shopper-simulator datasets from interaction logs."""
 
 
-
-
 class Split(StrEnum):
     """A lake's session split (``--split``): a choice the shell completes and click checks."""
 

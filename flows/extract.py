@@ -140,9 +140,9 @@ def spend_line(summary: dict[str, Any]) -> str:
 
 
 def extract_command(
-    lake: Annotated[
-        str, typer.Option("--lake", help="lake folder with records, steps and items")
-    ] = str(DEFAULT_LAKE),
+    lake: Annotated[str, typer.Option("--lake", help="lake folder with records, steps and items")] = str(
+        DEFAULT_LAKE
+    ),
     backend: Annotated[
         str, typer.Option("--backend", help="heuristic (offline rules) | openai")
     ] = "heuristic",
