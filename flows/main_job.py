@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from extractors.config import ExtractSettings
 from flows.caching import run_stage
+from flows.handoff import EVALUATE_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, TRAIN_SFT_DEPLOYMENT
 from flows.pipeline import pipeline_flow
 from flows.stages import evaluate_stage, synthesise_stage, train_stage
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
@@ -74,6 +75,11 @@ class MainJobSettings(BaseModel):
     sessions: int = Field(100, ge=1, description="held-out sessions rolled out and replayed")
     effect_users: int = Field(16, ge=2, description="held-out users in the A/B effect test")
     max_new_tokens: int = Field(96, ge=1, description="tokens a checkpoint may write per answer")
+    hand_off: bool = Field(
+        False,
+        description="train and evaluate on the gpu pool: run_deployment of train/train-sft, train/train-optd "
+        "and evaluate/evaluate (prefect.yaml), awaited; False: in this process",
+    )
 
 
 def demo_records(values: dict[str, Any] | None = None) -> PromptSettings:
@@ -112,15 +118,18 @@ def main_job_flow(
     raw, lake = str(root / "raw"), str(root / "lake")
     synthesised = run_stage(synthesise_stage, lake, raw=raw, users=users, seed=seed)
     dataset = pipeline_flow(raw, lake, settings=settings, extract=extract, records=records or demo_records())
+    sft, distil, judge = ((TRAIN_SFT_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, EVALUATE_DEPLOYMENT) if job.hand_off
+                          else (None, None, None))  # fmt: skip
     teacher = run_stage(train_stage, lake, lake=lake, out=str(root / "train" / "sft"), stage="sft", base=None,
-                        settings=train or demo_training())  # fmt: skip
+                        settings=train or demo_training(), deployment=sft)  # fmt: skip
     checkpoint = run_stage(train_stage, lake, lake=lake, out=str(root / "train" / "optd"), stage="optd",
-                           base=teacher.summary["checkpoint"], settings=optd or demo_optd())  # fmt: skip
+                           base=teacher.summary["checkpoint"], settings=optd or demo_optd(),
+                           deployment=distil)  # fmt: skip
     simulators = [f"checkpoint:{checkpoint.summary['checkpoint']}", *job.baselines]
     evaluated = {"sessions": job.sessions, "sampling": {"max_new_tokens": job.max_new_tokens},
                  "effect_users": job.effect_users}  # fmt: skip
     evaluation = run_stage(evaluate_stage, lake, lake=lake, simulators=simulators,
-                           out=str(root / "evaluation"), settings=evaluated)  # fmt: skip
+                           out=str(root / "evaluation"), settings=evaluated, deployment=judge)  # fmt: skip
     later = {"train sft": teacher, "train optd": checkpoint, "evaluate": evaluation}
     stages = {"synthesise": synthesised.timing(), **dataset["stages"]}
     stages |= {name: outcome.timing() for name, outcome in later.items()}

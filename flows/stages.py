@@ -152,13 +152,23 @@ TRAINED_ON = ("records", *INGESTED, "histories")
 
 @cached_stage(
     "train",
-    reads=lambda lake, out, stage, base, settings: {
+    reads=lambda lake, out, stage, base, settings, deployment: {
         **tables(lake, TRAINED_ON), "stage": stage, "base": base and fingerprint(base),
         "settings": settings_json(settings),
-    },
-    writes=lambda lake, out, stage, base, settings: [Path(out)],
+    },  # where it trains (``deployment``) is no part of what it makes
+    writes=lambda lake, out, stage, base, settings, deployment: [Path(out)],
 )  # fmt: skip
-def train_stage(lake: str, out: str, stage: str, base: str | None, settings: Any) -> dict[str, Any]:
+def train_stage(
+    lake: str, out: str, stage: str, base: str | None, settings: Any, deployment: str | None
+) -> dict[str, Any]:
+    """Train in this process, or hand the run to ``deployment`` (a GPU pool's) and wait for it."""
+    if deployment:
+        from flows.handoff import run_and_wait, trained_checkpoint
+
+        parameters = {"lake": lake, "out": out, "stage": stage, "base": base, "settings": settings,
+                      "resume": False, "overwrite": True}  # fmt: skip
+        run_and_wait(deployment, parameters)
+        return {"checkpoint": trained_checkpoint(out)}
     from flows.train import train_flow
 
     checkpoint = train_flow(lake, out, stage=stage, base=base, settings=settings, overwrite=True)  # type: ignore[arg-type]
@@ -173,16 +183,24 @@ def simulator_reads(simulators: list[str]) -> dict[str, str | None]:
 
 @cached_stage(
     "evaluate",
-    reads=lambda lake, simulators, out, settings: {
+    reads=lambda lake, simulators, out, settings, deployment: {
         **tables(lake, TRAINED_ON), "world": fingerprint(Path(lake) / WORLD_FILE),
         "simulators": simulators, "checkpoints": simulator_reads(simulators), "settings": settings,
     },
-    writes=lambda lake, simulators, out, settings: [Path(out)],
+    writes=lambda lake, simulators, out, settings, deployment: [Path(out)],
 )  # fmt: skip
-def evaluate_stage(lake: str, simulators: list[str], out: str, settings: dict[str, Any]) -> dict[str, Any]:
+def evaluate_stage(
+    lake: str, simulators: list[str], out: str, settings: dict[str, Any], deployment: str | None
+) -> dict[str, Any]:
+    """Evaluate in this process, or hand the run to ``deployment`` and read back its report."""
     from flows.evaluate import evaluate_flow
     from flows.evaluate_folder import run_settings, start_evaluation
 
     # a stage that runs evaluates afresh: traces of an earlier checkpoint are never resumed
     start_evaluation(out, run_settings(lake, simulators, **settings), overwrite=True)
+    if deployment:
+        from flows.handoff import evaluation_written, run_and_wait
+
+        run_and_wait(deployment, {"lake": lake, "simulators": simulators, "out": out, **settings})
+        return evaluation_written(out)
     return evaluate_flow(lake, simulators, out, **settings)
