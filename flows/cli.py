@@ -159,7 +159,7 @@ def stopped(err: BaseException) -> typer.Exit:
 
 
 class BundleFormat(StrEnum):
-    """The file format of a synthetic bundle's tables (``synth --format``)."""
+    """The file format of a synthetic bundle's tables (``synth --file-format``)."""
 
     parquet = "parquet"
     jsonl = "jsonl"
@@ -168,7 +168,7 @@ class BundleFormat(StrEnum):
 
 
 class SourceFormat(StrEnum):
-    """What ``ingest`` reads (``--format``)."""
+    """What ``ingest`` reads (``--source-format``)."""
 
     bundle = "bundle"
     userarena = "userarena"
@@ -187,7 +187,9 @@ def synth(
     out: Annotated[Path, typer.Option("--out", help="folder for the raw log bundle")] = Path("sample/raw"),
     users: Annotated[int, typer.Option("--users", min=1, help="number of shoppers")] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
-    fmt: Annotated[BundleFormat, typer.Option("--format", help="tables' file format")] = BundleFormat.parquet,
+    fmt: Annotated[
+        BundleFormat, typer.Option("--file-format", help="tables' file format")
+    ] = BundleFormat.parquet,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="replace what --out holds (refused otherwise)")
     ] = False,
@@ -225,7 +227,7 @@ def ingest(
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
     source_format: Annotated[
         SourceFormat,
-        typer.Option("--format", help="bundle (raw log bundle folder) | userarena (release JSONL)"),
+        typer.Option("--source-format", help="bundle (raw log bundle folder) | userarena (release JSONL)"),
     ] = SourceFormat.bundle,
 ) -> None:
     """Raw log bundle (or UserArena release) -> step-aligned lake tables, quarantine, DuckDB catalog."""

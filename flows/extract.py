@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +43,13 @@ from flows.settings import load_settings
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
 from validation.report import GateError
+
+
+class BackendName(StrEnum):
+    """``--backend`` as a choice the shell completes and click checks (a usage error, exit 2)."""
+
+    heuristic = "heuristic"
+    openai = "openai"
 
 
 @task(name="list-record-buckets", cache_policy=NO_CACHE)
@@ -144,8 +152,8 @@ def extract_command(
         DEFAULT_LAKE
     ),
     backend: Annotated[
-        str, typer.Option("--backend", help="heuristic (offline rules) | openai")
-    ] = "heuristic",
+        BackendName, typer.Option("--backend", help="heuristic (offline rules) | openai")
+    ] = BackendName.heuristic,
     config: Annotated[
         Path | None,
         typer.Option("--config", help="TOML file with \\[extract] settings", exists=True, dir_okay=False),
@@ -167,7 +175,7 @@ def extract_command(
         ExtractSettings,
         "extract",
         config,
-        backend=backend,
+        backend=BackendName(backend).value,
         base_url=base_url,
         model=model,
         api_key_env=api_key_env,

@@ -100,8 +100,8 @@ def test_ingest_refuses_a_folder_holding_other_files(tmp_path, foreign):
     [
         (["records", "--mode", "foo"], "--mode", "'single', 'cross', 'both'"),
         (["train", "--lake", "x", "--out", "y", "--stage", "foo"], "--stage", "'sft', 'optd'"),
-        (["synth", "--format", "foo"], "--format", "'parquet', 'jsonl', 'jsonl.gz', 'csv'"),
-        (["ingest", ".", "--format", "foo"], "--format", "'bundle', 'userarena'"),
+        (["synth", "--file-format", "foo"], "--file-format", "'parquet', 'jsonl', 'jsonl.gz', 'csv'"),
+        (["ingest", ".", "--source-format", "foo"], "--source-format", "'bundle', 'userarena'"),
         (
             ["evaluate", "--lake", "x", "--simulator", "random", "--out", "y", "--split", "foo"],
             "--split",
@@ -110,6 +110,7 @@ def test_ingest_refuses_a_folder_holding_other_files(tmp_path, foreign):
         (["score", "--real", ".", "--sim", ".", "--split", "foo"], "--split", "'train', 'val', 'test'"),
         (["sql", "SELECT 1", "--format", "foo"], "--format", "'table', 'csv', 'json'"),
         (["records", "--export-split", "train,foo"], "--export-split", "'train', 'val', 'test'"),
+        (["extract", "--backend", "foo"], "--backend", "'heuristic', 'openai'"),
     ],
 )
 def test_a_bad_choice_is_one_usage_line(args, option, choices):
