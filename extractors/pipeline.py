@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,6 +49,7 @@ from extractors.trajectory import STEP_COLUMNS, IntentJob, RationaleJob, Timelin
 from transforms.lake import (
     STAGING,
     Staging,
+    atomic_file,
     conform,
     scan_table,
     table_files,
@@ -385,10 +384,8 @@ def quarantine_frame(
 
 
 def _write_parquet(frame: pl.DataFrame, schema: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    pq.write_table(conform(frame, schema), tmp, compression="zstd", compression_level=3)
-    os.replace(tmp, path)
+    with atomic_file(path) as temporary:
+        pq.write_table(conform(frame, schema), temporary, compression="zstd", compression_level=3)
 
 
 def part_path(staged: str | Path, bucket: int, name: str) -> Path:

@@ -4,7 +4,6 @@ the catalog."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +20,7 @@ from flows.retrying import IO_RETRIES
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
-from transforms.lake import RUNS, scan_table, table_dir, write_table
+from transforms.lake import RUNS, atomic_file, scan_table, table_dir, write_table
 
 
 def summary_path(lake: str | Path) -> Path:
@@ -30,10 +29,8 @@ def summary_path(lake: str | Path) -> Path:
 
 def write_json(path: Path, payload: dict) -> None:
     """Atomic JSON write: readers see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(payload, indent=2, default=str))
-    os.replace(temporary, path)
+    with atomic_file(path) as temporary:
+        temporary.write_text(json.dumps(payload, indent=2, default=str))
 
 
 @task(name="chain-histories", cache_policy=NO_CACHE, **IO_RETRIES)

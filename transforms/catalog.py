@@ -17,12 +17,12 @@ reads (the 1.x command line, DBeaver's driver), rather than 2.0's, which only 2.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
+from transforms.lake import atomic_file
 from transforms.schemas import LAKE_TABLES
 
 WAREHOUSE = "warehouse.duckdb"
@@ -107,14 +107,11 @@ def refresh_catalog(lake: str | Path) -> Path:
     lake = Path(lake).resolve()
     target = warehouse_path(lake)
     # ends in .duckdb: its temp_directory default then locates the lake while the views are bound
-    building = lake / f".{WAREHOUSE}-building-{os.getpid()}.duckdb"
-    building.unlink(missing_ok=True)
-    try:
-        _build(building, lake)
-        os.replace(building, target)
-    finally:
-        building.unlink(missing_ok=True)
-        Path(f"{building}.wal").unlink(missing_ok=True)
+    with atomic_file(target, suffix=".duckdb") as building:
+        try:
+            _build(building, lake)
+        finally:
+            Path(f"{building}.wal").unlink(missing_ok=True)
     return target
 
 

@@ -22,7 +22,8 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -85,6 +86,21 @@ def _write_tree(
     # maintain_order keeps each partition in the frame's own (deterministic) order: no sort needed
     for (key,), part in frame.partition_by(partition_by, as_dict=True, maintain_order=True).items():
         _write_parquet(part, schema, root / f"{partition_by}={key}" / file_name, zstd)
+
+
+@contextmanager
+def atomic_file(path: str | Path, suffix: str = "") -> Iterator[Path]:
+    """A temporary path beside ``path`` to write; renamed onto ``path`` when the block ends cleanly,
+    removed otherwise: readers see the old file or the new one, never half of one. ``suffix`` ends
+    the temporary's name for writers that read it (DuckDB's ``.duckdb``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def swap_into_place(staged: Path, target: Path) -> None:

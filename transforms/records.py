@@ -17,7 +17,6 @@ Key of the table: (mode, record_id).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from transforms.chain import session_order
 from transforms.lake import (
     RUNS,
     STAGING,
+    atomic_file,
     conform,
     read_lake_table,
     recorded_settings,
@@ -914,9 +914,7 @@ def export_chat_jsonl(
     """
     target = Path(path)
     summary = ExportSummary(path=str(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
-    try:
+    with atomic_file(target) as temporary:
         with temporary.open("w", encoding="utf-8") as out:
             for part in table_files(lake, "records"):
                 frame = _selected(_records_part(part), splits, modes)
@@ -930,9 +928,6 @@ def export_chat_jsonl(
                 summary.longest_token_estimate = max(summary.longest_token_estimate, int(longest or 0))
         if summary.lines == 0:
             raise NothingToTrainOn(_nothing_to_train_on(summary, splits, modes), summary)
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
     return summary
 
 

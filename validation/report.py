@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from transforms.lake import atomic_file
 
 RUNS_DIR = Path("_runs") / "validation"
 DOCS_DIR = Path("_docs")
@@ -200,10 +201,8 @@ def _trim(value: Any) -> Any:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str, ensure_ascii=False))
-    os.replace(tmp, path)
+    with atomic_file(path) as temporary:
+        temporary.write_text(json.dumps(data, indent=1, default=str, ensure_ascii=False))
 
 
 def write_run_files(run_dir: Path, summary: GateSummary, results: list[dict[str, Any]]) -> None:
