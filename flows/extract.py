@@ -42,7 +42,6 @@ from flows.retrying import IO_RETRIES
 from flows.settings import load_settings
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
-from validation.report import GateError
 
 
 class BackendName(StrEnum):
@@ -185,12 +184,8 @@ def extract_command(
         request_timeout_s=request_timeout,
     )
     check_lake(lake, ["records"])  # before the flow: a missing lake is one line, not a traceback
-    try:
-        summary = extract_flow(str(Path(lake).resolve()), settings=settings)
-    except GateError as err:
-        from flows.cli import stopped  # the CLI's own stop: one paragraph, exit code 1
-
-        raise stopped(err) from None
+    # a stopped gate (GateError) is one of the command line's clean stops: one line, exit code 1
+    summary = extract_flow(str(Path(lake).resolve()), settings=settings)
     console = Console()
     print_summary(console, summary)
     console.print(f"next: trajforge records --lake {lake}   (renders them into the gold responses)")
