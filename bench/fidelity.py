@@ -243,7 +243,7 @@ class ABTest:
 
     @classmethod
     def build(cls, lake: Path, users: list[str]) -> ABTest:
-        from flows.world import ab_arms, world_from_lake
+        from worlds.shoppers import ab_arms, world_from_lake
 
         world = world_from_lake(lake)
         arms, environment = ab_arms(lake, world, users)
@@ -252,7 +252,7 @@ class ABTest:
 
 def effect_counts(lake: Path, spec: str, sampling: Sampling, ab: ABTest) -> pl.DataFrame | None:
     """Per-user real and simulated counts of the A/B test for one simulator."""
-    from flows.world import effect_on_arms
+    from worlds.shoppers import effect_on_arms
 
     simulator = ab.world if spec == "world" else simulator_for_lake(spec, lake, sampling)
     try:
@@ -390,7 +390,7 @@ def goals(simulators: dict[str, dict[str, dict[str, float | None]]]) -> dict[str
 
 def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     from flows.evaluate import evaluated_ids, real_traces
-    from flows.world import held_out_users
+    from worlds.shoppers import held_out_users
 
     started = time.perf_counter()
     lake = build_lake(work, size)

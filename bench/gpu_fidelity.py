@@ -8,7 +8,7 @@
 and exports into ``bench/.gpu-fidelity/`` (git-ignored; the device call carries it) what the GPU needs and
 cannot build without polars, duckdb and prefect: the records the trainer reads (train and val, the
 trained modes, as one zstd Parquet file), the evaluation's ``Session`` objects (the held-out test
-sessions rolled out and replayed, and the A/B arms' sessions made by ``flows.world.policy_arm`` as
+sessions rolled out and replayed, and the A/B arms' sessions made by ``worlds.shoppers.policy_arm`` as
 ``effect_for_lake`` makes them, with the world's real per-user counts), the held-out records' screens
 for the trainer's response judge (``evaluation.executable.record_screens``), SmolLM2-135M-Instruct's
 config, tokenizer and chat template, the pydantic wheels for CPython 3.12, and a manifest holding the
@@ -164,9 +164,9 @@ def prepare(
     from evaluation.loader import load_sessions
     from flows.evaluate import evaluated_ids
     from flows.main_job import DEMO_OPTD
-    from flows.world import held_out_users
     from trainer.config import TrainSettings
     from transforms.records import recorded_prompt_settings
+    from worlds.shoppers import held_out_users
 
     started = time.perf_counter()
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
@@ -221,9 +221,9 @@ def prepare(
 
 
 def arms_for_gpu(lake: Path, users: list[str]) -> dict[str, dict[str, Any]]:
-    """The A/B test's two arms as ``flows.world.ab_arms`` builds them for every simulator (the users in
+    """The A/B test's two arms as ``worlds.shoppers.ab_arms`` builds them for every simulator (the users in
     seeded halves, each half's sessions under its policy): sessions, users and the world's real counts."""
-    from flows.world import ab_arms, world_from_lake
+    from worlds.shoppers import ab_arms, world_from_lake
 
     built, _ = ab_arms(lake, world_from_lake(lake), users)
     arms = {

@@ -34,10 +34,10 @@ from evaluation.slate import lake_popularity
 from flows.abtest import COUNTS, metrics, rollout_counts, serve, world_counts, world_policies
 from flows.ingest import record_world
 from flows.main_job import demo_records
-from flows.world import world_from_lake
 from synthetic.bundle import write_bundle
 from transforms.ingest import ingest_bundle
 from transforms.prompts import PromptSettings
+from worlds.shoppers import world_from_lake
 
 #: the world's own arms (its popularity and its personalised ranking, from what the world knows) and
 #: mixtures: graded quality the world vouches for; ``--built-ins``: the history-learnt built-ins instead

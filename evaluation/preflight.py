@@ -5,16 +5,16 @@ zeros after every request has failed.
 What is checked: that the spec names a simulator and its argument parses; for ``openai:MODEL@URL``,
 that the endpoint answers one request (:meth:`OpenAISimulatorSettings.probe`); for
 ``checkpoint:PATH``, that PATH is a model folder with a config, weights and tokenizer files (loading
-it would take longer than the check is worth). The flows add checks of their own simulators to
-``SPEC_CHECKS`` (the synthetic world's: the lake must have a world), as they add the simulators.
+it would take longer than the check is worth). A caller with simulators of its own (the flows,
+with the synthetic world's shoppers) passes them and their checks in, over these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from evaluation.simulators import LAKE_SIMULATORS, SAMPLED_SIMULATORS, SIMULATORS, Sampling
+from evaluation.simulators import LAKE_SIMULATORS, SAMPLED_SIMULATORS, SIMULATORS, LakeBuilder, Sampling
 
 #: spec name -> check taking the text after "name:", the lake and the sampling: what is wrong, or None
 SpecCheck = Callable[[str, Path, Sampling], str | None]
@@ -77,28 +77,43 @@ SPEC_CHECKS: dict[str, SpecCheck] = {
 }
 
 
-def spec_problem(spec: str, lake: str | Path, sampling: Sampling) -> str | None:
-    """What is wrong with one spec for an evaluation of ``lake``, or None."""
+def spec_problem(
+    spec: str,
+    lake: str | Path,
+    sampling: Sampling,
+    lake_builders: Mapping[str, LakeBuilder] | None = None,
+    checks: Mapping[str, SpecCheck] | None = None,
+) -> str | None:
+    """What is wrong with one spec for an evaluation of ``lake``, or None; ``lake_builders`` and
+    ``checks``: the caller's own simulators built from a lake and checks (over SPEC_CHECKS)."""
     name, _, argument = spec.partition(":")
-    if spec in LAKE_SIMULATORS:
-        check = SPEC_CHECKS.get(spec)
+    builders = {**LAKE_SIMULATORS, **(lake_builders or {})}
+    every_check = {**SPEC_CHECKS, **(checks or {})}
+    if spec in builders:
+        check = every_check.get(spec)
     elif name in SIMULATORS or name in SAMPLED_SIMULATORS:
-        check = SPEC_CHECKS.get(name)
-    elif name in LAKE_SIMULATORS:
+        check = every_check.get(name)
+    elif name in builders:
         return f"{name} takes no argument (it is fitted on, or read from, the lake)"
     else:
-        known = {*SIMULATORS, *SAMPLED_SIMULATORS, *LAKE_SIMULATORS}
+        known = {*SIMULATORS, *SAMPLED_SIMULATORS, *builders}
         return f"unknown simulator {name!r}; known: {', '.join(sorted(known))}"
     return check(argument, Path(lake), sampling) if check else None
 
 
-def check_specs(specs: Sequence[str], lake: str | Path, sampling: Sampling | None = None) -> None:
+def check_specs(
+    specs: Sequence[str],
+    lake: str | Path,
+    sampling: Sampling | None = None,
+    lake_builders: Mapping[str, LakeBuilder] | None = None,
+    checks: Mapping[str, SpecCheck] | None = None,
+) -> None:
     """Raise :class:`SimulatorSpecError` naming every spec that cannot be evaluated (all of them, so
     one run lists every problem); no spec at all is a problem too."""
     if not specs:
         raise SimulatorSpecError(["no --simulator given"])
     chosen = sampling or Sampling()
-    found = {spec: spec_problem(spec, lake, chosen) for spec in specs}
+    found = {spec: spec_problem(spec, lake, chosen, lake_builders, checks) for spec in specs}
     problems = [f"--simulator {spec!r}: {problem}" for spec, problem in found.items() if problem]
     if problems:
         raise SimulatorSpecError(problems)

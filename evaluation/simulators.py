@@ -19,7 +19,7 @@ import inspect
 import json
 import random
 import re
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -231,7 +231,8 @@ SAMPLED_SIMULATORS: dict[str, Callable[[str, Sampling], Simulator]] = {
 }
 #: spec name -> builder taking the lake under evaluation (a simulator fitted on its train split) and
 #: the sampling (its seed the one the simulator's draws derive from)
-LAKE_SIMULATORS: dict[str, Callable[[Path, Sampling], Simulator]] = {"markov": markov_from_lake}
+LakeBuilder = Callable[[Path, Sampling], Simulator]
+LAKE_SIMULATORS: dict[str, LakeBuilder] = {"markov": markov_from_lake}
 
 
 def simulator_from_spec(spec: str) -> Simulator:
@@ -243,18 +244,25 @@ def simulator_from_spec(spec: str) -> Simulator:
     return SIMULATORS[name](argument)
 
 
-def simulator_for_lake(spec: str, lake: str | Path, sampling: Sampling | None = None) -> Simulator:
-    """The simulator a spec names when evaluating ``lake``: those of LAKE_SIMULATORS (``markov``) are
-    fitted on it, the others answer with ``sampling`` where they sample, as :func:`simulator_from_spec`
-    builds them otherwise; every one draws from ``sampling``'s seed unless its spec names its own."""
+def simulator_for_lake(
+    spec: str,
+    lake: str | Path,
+    sampling: Sampling | None = None,
+    lake_builders: Mapping[str, LakeBuilder] | None = None,
+) -> Simulator:
+    """The simulator a spec names when evaluating ``lake``: those of LAKE_SIMULATORS (``markov``) and
+    ``lake_builders`` (the caller's own, e.g. a synthetic world's shoppers) are built from it, the
+    others answer with ``sampling`` where they sample, as :func:`simulator_from_spec` builds them
+    otherwise; every one draws from ``sampling``'s seed unless its spec names its own."""
     name, _, argument = spec.partition(":")
     chosen = sampling or Sampling()
-    if spec in LAKE_SIMULATORS:
-        return LAKE_SIMULATORS[spec](Path(lake), chosen)
+    builders = {**LAKE_SIMULATORS, **(lake_builders or {})}
+    if spec in builders:
+        return builders[spec](Path(lake), chosen)
     if name in SAMPLED_SIMULATORS:
         return SAMPLED_SIMULATORS[name](argument, chosen)
     if name not in SIMULATORS:
-        known = ", ".join(sorted({*SIMULATORS, *LAKE_SIMULATORS}))
+        known = ", ".join(sorted({*SIMULATORS, *builders}))
         raise ValueError(f"unknown simulator {spec!r}; known: {known}")
     return simulator_from_spec(spec)
 

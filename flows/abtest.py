@@ -34,19 +34,17 @@ from evaluation.loader import load_sessions
 from evaluation.policies import Context, RankFunction, policy_from_spec, ranked, session_context, session_rng
 from evaluation.rollout import Rollout
 from evaluation.session import Session
-from evaluation.simulators import LAKE_SIMULATORS, Simulator, drive, simulator_for_lake
+from evaluation.simulators import Simulator, drive
 from evaluation.slate import lake_popularity, lay_out, logged_candidates
-from flows.ingest import world_path
-from flows.world import WorldSimulator, held_out_users, world_from_lake
+from flows.evaluate import lake_simulator
 from synthetic import taxonomy as tx
 from synthetic.behaviour import simulate_steps
 from synthetic.feeds import PAD_Y, Feeds, policy_score, price_misfit
 from synthetic.world import Run
+from transforms.lake import world_path
 from transforms.rekey import Pseudonymizer
 from transforms.schemas import ACTIONS
-
-# the synthetic world's shoppers are wired in here: evaluation/ never imports synthetic/
-LAKE_SIMULATORS.setdefault("world", world_from_lake)
+from worlds.shoppers import WorldSimulator, held_out_users, world_from_lake
 
 ARMS = ("a", "b")
 METRICS = ("PV-CTR", "ACR", "CVR", "session_length")
@@ -306,7 +304,7 @@ def shop_arms(
     world = world_from_lake(lake) if has_world else None
     extra = world_policies(world) if world is not None else {}
     built = {arm: policy_from_spec(spec, seed, extra) for arm, spec in policies.items()}
-    simulator = None if simulator_spec == "world" else simulator_for_lake(simulator_spec, lake)
+    simulator = None if simulator_spec == "world" else lake_simulator(simulator_spec, lake)
     if simulator_spec == "world" and world is None:
         raise ValueError(f"the simulator `world` needs a lake generated from a world; {lake} has none")
     environment = EnvironmentSettings()

@@ -28,7 +28,9 @@ from prefect.results import ResultStore
 from prefect.utilities.hashing import hash_objects
 
 CACHE_FOLDER = "_cache"  # under the lake: the stages' Prefect result records
-CODE_PACKAGES = ("synthetic", "transforms", "extractors", "trainer", "evaluation", "validation", "flows")
+CODE_PACKAGES = (
+    "synthetic", "transforms", "extractors", "trainer", "evaluation", "validation", "worlds", "flows"
+)  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -566,13 +566,12 @@ def evaluate(
     sampling = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     asked = run_settings(lake, simulator, split=split, sessions=sessions, sampling=sampling,
                          batch_size=batch_size, effect=effect, effect_users=effect_users)  # fmt: skip
-    from evaluation.preflight import check_specs
     from evaluation.simulators import Sampling
-    from flows.evaluate import evaluate_flow  # Prefect and the data stack load once the inputs passed
+    from flows.evaluate import check_flow_specs, evaluate_flow  # the data stack loads with a run
 
     # a spec that cannot work (an endpoint that does not answer, a folder without weights) is said
     # before anything is written, --out included
-    check_specs(simulator, lake, Sampling(**sampling))
+    check_flow_specs(simulator, lake, Sampling(**sampling))
     check_evaluation_folder(out, asked, resume, overwrite)
     start_evaluation(out, asked, overwrite)
     result = evaluate_flow(str(lake.resolve()), simulator, str(out.resolve()), split, sessions,

@@ -28,18 +28,18 @@ from prefect.cache_policies import NO_CACHE
 from evaluation.engine import DEFAULT_BATCH, recorded_traffic, replay, roll_out
 from evaluation.environment import EnvironmentSettings
 from evaluation.loader import load_sessions
-from evaluation.preflight import SPEC_CHECKS, check_specs
+from evaluation.preflight import check_specs
 from evaluation.report import EFFECT_KEYS, REPORT_FILES, comparison_markdown, training_runs, write_report
 from evaluation.scorecard import replay_accounting, rollout_accounting
-from evaluation.simulators import LAKE_SIMULATORS, Sampling, Simulator, StateSimulator, simulator_for_lake
+from evaluation.simulators import Sampling, Simulator, StateSimulator, simulator_for_lake
 from evaluation.trace_frames import load_replay, load_traces, unanswered_errors
-from flows.alignment import alignment_report
 from flows.evaluate_folder import scored_run
-from flows.ingest import world_path
 from flows.preflight import checkpoint_spec_problem
 from flows.score import export_real_traces, score_files
-from flows.world import effect_for_lake, held_out_users, world_from_lake
+from transforms.lake import world_path
 from transforms.records import recorded_prompt_settings
+from worlds.alignment import alignment_report
+from worlds.shoppers import effect_for_lake, held_out_users, world_from_lake
 
 
 def world_problem(argument: str, lake: Path, sampling: Sampling) -> str | None:
@@ -48,10 +48,21 @@ def world_problem(argument: str, lake: Path, sampling: Sampling) -> str | None:
     return None
 
 
-# the synthetic world's shoppers are wired in here: evaluation/ never imports synthetic/
-LAKE_SIMULATORS["world"] = world_from_lake
-SPEC_CHECKS["world"] = world_problem
-SPEC_CHECKS["checkpoint"] = checkpoint_spec_problem
+#: the synthetic world's shoppers, handed to the evaluation where it builds a spec's simulator
+#: (evaluation/ never imports synthetic/), and the flows' checks of the specs over its own
+WORLD_SIMULATORS = {"world": world_from_lake}
+FLOW_SPEC_CHECKS = {"world": world_problem, "checkpoint": checkpoint_spec_problem}
+
+
+def lake_simulator(spec: str, lake: str | Path, sampling: Sampling | None = None) -> Simulator:
+    """The simulator ``spec`` names for an evaluation of ``lake``, the world's shoppers included."""
+    return simulator_for_lake(spec, lake, sampling, WORLD_SIMULATORS)
+
+
+def check_flow_specs(specs: list[str], lake: str | Path, sampling: Sampling) -> None:
+    """Every spec checked as ``evaluation.preflight.check_specs`` does, the world's included."""
+    check_specs(specs, lake, sampling, WORLD_SIMULATORS, FLOW_SPEC_CHECKS)
+
 
 REAL_TRACES = "real.jsonl"
 MAX_UNANSWERED_SHARE = 0.2  # more of a phase's requests unanswered than this stops the run
@@ -84,7 +95,7 @@ def world_effect(
     held_out = held_out_users(lake, split)
     world = world_from_lake(lake, sampling)
     # the world as the simulator must be the world that plays the arms: it learns each arm's sessions
-    simulator = world if spec == "world" else simulator_for_lake(spec, lake, sampling or Sampling())
+    simulator = world if spec == "world" else lake_simulator(spec, lake, sampling)
     chosen = held_out[:users] if users else held_out
     try:
         result = effect_for_lake(lake, simulator, world, split=split, users=chosen)
@@ -151,7 +162,7 @@ def stop_if_unanswered(spec: str, kind: str, counts: dict[str, Any], share: floa
 @task(name="check-simulators", cache_policy=NO_CACHE)
 def check_simulators(lake: str, simulators: list[str], sampling: dict[str, Any]) -> None:
     """Every spec parsed and its endpoint or checkpoint checked, before a trace is written."""
-    check_specs(simulators, lake, Sampling(**sampling))
+    check_flow_specs(simulators, lake, Sampling(**sampling))
 
 
 @task(name="export-real-traces", cache_policy=NO_CACHE)
@@ -177,7 +188,7 @@ def simulate(
     that went mostly unanswered."""
     settings = EnvironmentSettings(prompt=recorded_prompt_settings(lake))
     sessions = load_sessions(lake, session_ids, settings=settings)
-    simulator = simulator_for_lake(spec, lake, Sampling(**sampling))
+    simulator = lake_simulator(spec, lake, Sampling(**sampling))
     stem = Path(out) / trace_name(spec)
     summaries, accounts = {}, {}
     try:

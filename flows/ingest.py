@@ -16,12 +16,11 @@ from flows.retrying import IO_RETRIES
 from flows.validate import gate_task, quiet_tracebacks, staging, swap_staged
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import manifest_path, table_files
+from transforms.lake import manifest_path, table_files, world_path
 from transforms.readers import BundleError, bundle_fingerprint
 
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
 
-WORLD_FILE = "world.json"
 GENERATED_BY = "trajforge.synthetic"  # the ``generator`` of a synthetic bundle's manifest
 INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
 
@@ -44,10 +43,6 @@ def ingest_tables(raw: str, lake: str, staged: str, settings: IngestSettings, so
         staging=staged,
     )
     return result.to_json()
-
-
-def world_path(lake: str | Path) -> Path:
-    return Path(lake) / WORLD_FILE
 
 
 def record_world(raw: str | Path, lake: str | Path) -> dict | None:

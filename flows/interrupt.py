@@ -107,11 +107,12 @@ def keep_api_server_through_interrupts() -> None:
 
 
 def say_which_server(console: Console) -> None:
-    """One line naming the Prefect server the command's flows report to, when one is configured
-    (``PREFECT_API_URL``); without one Prefect starts a temporary server and says so itself."""
-    from prefect.settings import get_current_settings
+    """One line naming the Prefect server the command's flows report to, when the user configured
+    one (``PREFECT_API_URL`` in the environment or the active Prefect profile); without one Prefect
+    starts a temporary server and says so itself."""
+    from prefect.settings import PREFECT_API_URL, load_current_profile
 
-    url = get_current_settings().api.url
+    url = os.environ.get("PREFECT_API_URL") or load_current_profile().settings.get(PREFECT_API_URL)
     if url:
         console.print(f"flows report to the Prefect server at {url}", soft_wrap=True, highlight=False)
 

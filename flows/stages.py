@@ -14,12 +14,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from flows.caching import cached_stage, fingerprint
-from transforms.lake import recorded_settings, table_dir
+from transforms.lake import recorded_settings, table_dir, world_path
 
 #: what ingest writes, and what the stages after it read of it
 INGESTED = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
 EXTRACTED = ("intents", "rationales")
-WORLD_FILE = "world.json"
 
 
 def settings_json(settings: BaseModel | dict[str, Any] | None) -> Any:
@@ -69,7 +68,7 @@ def synthesise_stage(raw: str, users: int, seed: int) -> dict[str, Any]:
         "raw": fingerprint(raw), "settings": settings_json(settings), "format": source_format
     },
     writes=lambda raw, lake, settings, source_format: [
-        *lake_outputs(lake, INGESTED), quarantine_of(lake, "ingest"), Path(lake) / WORLD_FILE
+        *lake_outputs(lake, INGESTED), quarantine_of(lake, "ingest"), world_path(lake)
     ],
 )  # fmt: skip
 def ingest_stage(raw: str, lake: str, settings: Any, source_format: str) -> dict[str, Any]:
@@ -184,7 +183,7 @@ def simulator_reads(simulators: list[str]) -> dict[str, str | None]:
 @cached_stage(
     "evaluate",
     reads=lambda lake, simulators, out, settings, deployment: {
-        **tables(lake, TRAINED_ON), "world": fingerprint(Path(lake) / WORLD_FILE),
+        **tables(lake, TRAINED_ON), "world": fingerprint(world_path(lake)),
         "simulators": simulators, "checkpoints": simulator_reads(simulators), "settings": settings,
     },
     writes=lambda lake, simulators, out, settings, deployment: [Path(out)],

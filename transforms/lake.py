@@ -43,6 +43,14 @@ def table_dir(lake: str | Path, name: str) -> Path:
     return Path(lake) / name
 
 
+#: a generated bundle's manifest beside the lake ingested from it: enough to rebuild its world
+WORLD_FILE = "world.json"
+
+
+def world_path(lake: str | Path) -> Path:
+    return Path(lake) / WORLD_FILE
+
+
 def conform(frame: pl.DataFrame, schema: pa.Schema) -> pa.Table:
     """Select and cast ``frame`` to the declared schema (missing columns must not exist)."""
     missing = [f.name for f in schema if f.name not in frame.columns]

@@ -240,8 +240,8 @@ def test_prepared_arms_and_gpu_counts_are_effect_for_lakes(toy, gpu_fidelity, tm
 
     from evaluation.engine import roll_out
     from evaluation.environment import EnvironmentSettings
-    from flows.world import ARMS as POLICIES
-    from flows.world import effect_for_lake, world_from_lake
+    from worlds.shoppers import ARMS as POLICIES
+    from worlds.shoppers import effect_for_lake, world_from_lake
 
     manifest = toy["manifest"]
     lake = Path(manifest["lake"])

@@ -12,8 +12,13 @@ import pytest
 from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
 from evaluation.simulators import RandomSimulator, Sampling, drive
-from flows.ingest import ingest_flow, world_path
-from flows.world import (
+from flows.ingest import ingest_flow
+from synthetic.bundle import write_bundle
+from tests.bundles import tiny_bundle
+from tests.bundles import write_bundle as write_tiny_bundle
+from tests.flows.worlds import generated_lake
+from transforms.lake import world_path
+from worlds.shoppers import (
     NoWorldError,
     WorldSimulator,
     effect_for_lake,
@@ -22,10 +27,6 @@ from flows.world import (
     split_halves,
     world_from_lake,
 )
-from synthetic.bundle import write_bundle
-from tests.bundles import tiny_bundle
-from tests.bundles import write_bundle as write_tiny_bundle
-from tests.flows.worlds import generated_lake
 
 
 @pytest.fixture(scope="module")

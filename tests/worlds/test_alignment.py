@@ -13,15 +13,15 @@ import pytest
 from evaluation.engine import roll_out
 from evaluation.loader import load_sessions
 from evaluation.simulators import RandomSimulator
-from flows.alignment import acceptable_shown, alignment_report, feed_slates
 from flows.score import export_real_traces
-from flows.world import world_from_lake
 from synthetic import taxonomy as tx
 from synthetic.behaviour import BehaviourParams, SessionTraits, accepts_on_visit
 from tests.bundles import tiny_bundle, write_bundle
 from tests.flows.worlds import generated_lake
 from transforms.ingest import ingest_bundle
 from transforms.rekey import Pseudonymizer
+from worlds.alignment import acceptable_shown, alignment_report, feed_slates
+from worlds.shoppers import world_from_lake
 
 
 def traits(purchase: list[float], sensitivity: list[float], level: list[float]) -> SessionTraits:

@@ -41,14 +41,13 @@ from evaluation.loader import load_sessions
 from evaluation.rollout import Rollout
 from evaluation.session import Session
 from evaluation.simulators import Messages, Sampling, Simulator, derived_seed, drive
-from flows.ingest import WORLD_FILE, world_path
 from synthetic.behaviour import INLINE_REVIEWS, PANEL_REVIEWS, UI_STATES
 from synthetic.bundle import GENERATOR_VERSION, write_tables
 from synthetic.stepwise import Decision, ShopperState, StepwiseShoppers
 from synthetic.world import Run, World
 from transforms.config import Geometry, IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import scan_table
+from transforms.lake import WORLD_FILE, scan_table, world_path
 from transforms.prompts.render import reviews_shown
 from transforms.records import recorded_prompt_settings
 from transforms.rekey import Pseudonymizer

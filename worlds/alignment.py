@@ -25,8 +25,8 @@ from evaluation.metrics import Side
 from evaluation.scorecard import rounded
 from evaluation.supplementary import decision_alignment
 from evaluation.traces import load_traces
-from flows.world import NoWorldError, WorldSimulator, world_from_lake
 from transforms.lake import read_lake_table
+from worlds.shoppers import NoWorldError, WorldSimulator, world_from_lake
 
 ACCEPTABLE = (
     "an item is acceptable to a shopper who, opening its page afresh, weighs taking it (cart or buy) at "
