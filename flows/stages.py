@@ -193,10 +193,12 @@ def evaluate_stage(
 ) -> dict[str, Any]:
     """Evaluate in this process, or hand the run to ``deployment`` and read back its report."""
     from flows.evaluate import evaluate_flow
-    from flows.evaluate_folder import run_settings, start_evaluation
+    from flows.evaluate_folder import read_run, run_settings, start_evaluation
 
-    # a stage that runs evaluates afresh: traces of an earlier checkpoint are never resumed
-    start_evaluation(out, run_settings(lake, simulators, **settings), overwrite=True)
+    # the same evaluation asked again (one killed before it finished, its checkpoints' content the
+    # same) keeps the sessions it finished; anything else is evaluated afresh, never mixed with them
+    asked = run_settings(lake, simulators, **settings, checkpoints=simulator_reads(simulators))
+    start_evaluation(out, asked, overwrite=read_run(Path(out)) != asked)
     if deployment:
         from flows.handoff import evaluation_written, run_and_wait
 

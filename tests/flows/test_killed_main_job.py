@@ -1,9 +1,9 @@
-"""The main job killed outright (SIGKILL) while it trains, then run again: the dataset stages come
-from Prefect's cache, training runs again, and the run ends as one never stopped does: the same
-checkpoint bytes and the same report figures.
+"""The main job killed outright (SIGKILL) while it trains or while it evaluates, then run again: what
+had finished comes from Prefect's cache, an evaluation keeps the sessions it had finished, and the
+run ends as one never stopped does: the same checkpoint bytes and the same report figures.
 
-Three small main jobs (40 shoppers, a few updates), each its own process and temporary Prefect
-server: about two minutes on two cores.
+Five small main jobs (40 shoppers, a few updates), each its own process and temporary Prefect
+server: about three minutes on two cores.
 """
 
 from __future__ import annotations
@@ -41,19 +41,30 @@ def finish(workdir: Path, config: Path, home: Path) -> str:
     return done.stdout
 
 
-def kill_while_training(workdir: Path, config: Path, home: Path) -> None:
-    """Start the job, SIGKILL its process group once SFT has logged an update."""
+def first_update(workdir: Path) -> bool:
     metrics = workdir / "train" / "sft" / "metrics.jsonl"
+    return metrics.exists() and '"kind": "train"' in metrics.read_text()
+
+
+def first_rollout(workdir: Path) -> bool:
+    return any(p.read_text().strip() for p in (workdir / "evaluation").glob("*.rollout.jsonl"))
+
+
+KILL_POINTS = {"training": first_update, "evaluation": first_rollout}
+
+
+def kill_when(reached, workdir: Path, config: Path, home: Path) -> None:
+    """Start the job, SIGKILL its process group once ``reached(workdir)``."""
     job = subprocess.Popen(
         command(workdir, config), env=environment(home), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 600
     try:
-        while '"kind": "train"' not in (metrics.read_text() if metrics.exists() else ""):
-            assert job.poll() is None, "the job ended before it trained"
-            assert time.monotonic() < deadline, "no update logged in 10 minutes"
-            time.sleep(0.2)
+        while not reached(workdir):
+            assert job.poll() is None, "the job ended before the point it was to be killed at"
+            assert time.monotonic() < deadline, "the point was not reached in 10 minutes"
+            time.sleep(0.1)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
@@ -74,21 +85,38 @@ def figures(workdir: Path) -> list[dict]:
     return list(report["simulators"].values())  # keyed by specs that hold the workdir's path
 
 
-@pytest.mark.slow
-def test_a_main_job_killed_while_training_reruns_to_the_uninterrupted_result(tmp_path):
-    config = tmp_path / "small.toml"
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> tuple[Path, Path]:
+    """The config and the workdir of a run never stopped."""
+    root = tmp_path_factory.mktemp("straight")
+    config = root / "small.toml"
     config.write_text(SMALL_RUN)
-    finish(tmp_path / "straight", config, tmp_path / "home-a")
-    kill_while_training(tmp_path / "killed", config, tmp_path / "home-b")
-    assert not (tmp_path / "killed" / "evaluation" / "report.json").exists()
-    rerun = stage_rows(finish(tmp_path / "killed", config, tmp_path / "home-b"))
+    finish(root / "job", config, root / "home")
+    return config, root / "job"
+
+
+def traces(workdir: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((workdir / "evaluation").glob("*.rollout.jsonl"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_main_job_killed_reruns_to_the_uninterrupted_result(straight, tmp_path, point):
+    config, reference = straight
+    killed = tmp_path / "killed"
+    kill_when(KILL_POINTS[point], killed, config, tmp_path / "home")
+    assert not (killed / "evaluation" / "report.json").exists()
+    written = traces(killed)
+    rerun = stage_rows(finish(killed, config, tmp_path / "home"))
     assert all(rerun[stage] for stage in DATASET_STAGES), rerun  # nothing of the dataset redone
-    # killed inside SFT or OPTD: the stage that was running (and all after it) runs again
-    assert not any(rerun[stage] for stage in ("train optd", "evaluate")), rerun
+    if point == "training":  # the stage that was running, and all after it, run again
+        assert not any(rerun[stage] for stage in ("train optd", "evaluate")), rerun
+    else:  # the checkpoint is kept, and the sessions the evaluation had finished
+        assert rerun["train sft"] and rerun["train optd"] and not rerun["evaluate"], rerun
+        after = traces(killed)
+        assert all(after[name].startswith(text) for name, text in written.items())
     for stage in ("sft", "optd"):
-        (straight,) = (tmp_path / "straight" / "train" / stage / "checkpoints").glob(
-            "step-*/model.safetensors"
-        )
-        (killed,) = (tmp_path / "killed" / "train" / stage / "checkpoints").glob("step-*/model.safetensors")
-        assert killed.read_bytes() == straight.read_bytes(), stage
-    assert figures(tmp_path / "killed") == figures(tmp_path / "straight")
+        (ours,) = (killed / "train" / stage / "checkpoints").glob("step-*/model.safetensors")
+        (theirs,) = (reference / "train" / stage / "checkpoints").glob("step-*/model.safetensors")
+        assert ours.read_bytes() == theirs.read_bytes(), stage
+    assert figures(killed) == figures(reference)
