@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from flows.caching import cached_stage, fingerprint
-from transforms.lake import recorded_settings, table_dir, world_path
+from transforms.lake import quarantine_dir, recorded_settings, table_dir, world_path
 
 #: what ingest writes, and what the stages after it read of it
 INGESTED = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
@@ -31,10 +31,6 @@ def settings_json(settings: BaseModel | dict[str, Any] | None) -> Any:
         if info.repr is False and isinstance(values.get(name), str):
             values[name] = hashlib.sha256(values[name].encode()).hexdigest()
     return values
-
-
-def quarantine_of(lake: str | Path, stage: str) -> Path:
-    return table_dir(lake, "quarantine") / f"stage={stage}"
 
 
 def tables(lake: str | Path, names: tuple[str, ...] | list[str]) -> dict[str, str | None]:
@@ -68,7 +64,7 @@ def synthesise_stage(raw: str, users: int, seed: int) -> dict[str, Any]:
         "raw": fingerprint(raw), "settings": settings_json(settings), "format": source_format
     },
     writes=lambda raw, lake, settings, source_format: [
-        *lake_outputs(lake, INGESTED), quarantine_of(lake, "ingest"), world_path(lake)
+        *lake_outputs(lake, INGESTED), quarantine_dir(lake, "ingest"), world_path(lake)
     ],
 )  # fmt: skip
 def ingest_stage(raw: str, lake: str, settings: Any, source_format: str) -> dict[str, Any]:
@@ -119,7 +115,7 @@ def extraction_states_stage(lake: str, settings: Any) -> dict[str, Any]:
     "records",
     reads=lambda lake, settings: {
         **rendering_reads(lake, settings), **tables(lake, EXTRACTED),
-        "extract_quarantine": fingerprint(quarantine_of(lake, "extract")),
+        "extract_quarantine": fingerprint(quarantine_dir(lake, "extract")),
     },
     writes=lambda lake, settings: lake_outputs(lake, ["records"]),
 )  # fmt: skip
@@ -135,7 +131,7 @@ def records_stage(lake: str, settings: Any) -> dict[str, Any]:
         **tables(lake, INGESTED), "states": fingerprint(states_folder(lake)),
         "settings": settings_json(settings),
     },
-    writes=lambda lake, settings: [*lake_outputs(lake, EXTRACTED), quarantine_of(lake, "extract")],
+    writes=lambda lake, settings: [*lake_outputs(lake, EXTRACTED), quarantine_dir(lake, "extract")],
 )  # fmt: skip
 def extract_stage(lake: str, settings: Any) -> dict[str, Any]:
     from flows.extract import extract_flow

@@ -210,10 +210,15 @@ def write_table(
         staged.discard()
 
 
+def quarantine_dir(lake: str | Path, stage: str) -> Path:
+    """The quarantine partition of one stage (``quarantine/stage=NAME``)."""
+    return table_dir(lake, "quarantine") / f"stage={stage}"
+
+
 def write_quarantine(lake: str | Path, stage: str, frame: pl.DataFrame, *, zstd_level: int = 1) -> Path:
     """Replace the quarantine rows of one stage (re-runs of a stage never duplicate rows)."""
     staged = Path(lake) / STAGING / f"quarantine-{stage}-{uuid.uuid4().hex[:8]}"
-    target = table_dir(lake, "quarantine") / f"stage={stage}"
+    target = quarantine_dir(lake, stage)
     try:
         rows = frame.with_columns(pl.lit(stage).alias("stage"))
         _write_parquet(rows, QUARANTINE, staged / "part-0.parquet", zstd_level)

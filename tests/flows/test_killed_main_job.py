@@ -95,8 +95,10 @@ def straight(tmp_path_factory) -> tuple[Path, Path]:
     return config, root / "job"
 
 
-def traces(workdir: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted((workdir / "evaluation").glob("*.rollout.jsonl"))}
+def traces(workdir: Path) -> dict[str, tuple[int, str]]:
+    """Each rollout trace file: its inode (a file kept and extended keeps it) and its text."""
+    files = sorted((workdir / "evaluation").glob("*.rollout.jsonl"))
+    return {p.name: (p.stat().st_ino, p.read_text()) for p in files}
 
 
 @pytest.mark.slow
@@ -114,7 +116,8 @@ def test_a_main_job_killed_reruns_to_the_uninterrupted_result(straight, tmp_path
     else:  # the checkpoint is kept, and the sessions the evaluation had finished
         assert rerun["train sft"] and rerun["train optd"] and not rerun["evaluate"], rerun
         after = traces(killed)
-        assert all(after[name].startswith(text) for name, text in written.items())
+        assert all(after[name][1].startswith(text) for name, (_, text) in written.items())
+        assert all(after[name][0] == inode for name, (inode, _) in written.items())  # not rewritten
     for stage in ("sft", "optd"):
         (ours,) = (killed / "train" / stage / "checkpoints").glob("step-*/model.safetensors")
         (theirs,) = (reference / "train" / stage / "checkpoints").glob("step-*/model.safetensors")
