@@ -36,10 +36,10 @@ def pipeline_flow(
     logger.info("ingest: %s steps", ingested.summary["output_rows"].get("steps"))
     chained = run_stage(chain_stage, lake, force, lake=lake)
     # extraction reads the states as before any extraction, so its requests are the same on every run
-    states = run_stage(extraction_states_stage, lake, force, lake=lake, settings=records)
+    states = run_stage(extraction_states_stage, lake, force, lake=lake, settings=records, reuse=not force)
     extracted = run_stage(extract_stage, lake, force, lake=lake, settings=extract)
     # the records' one writer: gold responses, intents, and each history window's rationales
-    rendered = run_stage(records_stage, lake, force, lake=lake, settings=records)
+    rendered = run_stage(records_stage, lake, force, lake=lake, settings=records, reuse=not force)
     outcomes = {"ingest": ingested, "chain": chained, "extraction states": states,
                 "extract": extracted, "records": rendered}  # fmt: skip
     return {

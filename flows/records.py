@@ -15,6 +15,7 @@ from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
 from flows.chain import write_json
+from flows.rendering import render_states
 from flows.retrying import IO_RETRIES
 from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
@@ -27,7 +28,6 @@ from transforms.records import (
     RecordsSummary,
     export_chat_jsonl,
     records_summary_path,
-    write_records,
 )
 
 
@@ -36,10 +36,22 @@ def summary_path(lake: str | Path) -> Path:
 
 
 @task(name="build-records", cache_policy=NO_CACHE, **IO_RETRIES)
-def build(lake: str, staged: str, modes: list[str], settings: PromptSettings, chunk_states: int) -> dict:
-    """Render the lake's states into ``staged``; the lake's records stay until the gate passes."""
-    built = write_records(lake, modes=modes, settings=settings, chunk_states=chunk_states, out=staged)
-    return built.model_dump()
+def build(
+    lake: str, staged: str, modes: list[str], settings: PromptSettings, chunk_states: int, reuse: bool
+) -> dict:
+    """Render the lake's states into ``staged``; the lake's records stay until the gate passes. With
+    ``reuse``, users whose rows are unchanged since the last rendering keep their records."""
+    return render_states(
+        lake,
+        stage="records",
+        out=staged,
+        final=lake,
+        settings=settings,
+        with_extraction=True,
+        modes=modes,
+        chunk_states=chunk_states,
+        reuse=reuse,
+    )
 
 
 def with_lake_geometry(lake: str, settings: PromptSettings | None) -> PromptSettings:
@@ -90,15 +102,18 @@ def records_flow(
     chunk_states: int = 100_000,
     export_jsonl: str | None = None,
     export_splits: list[str] | None = None,
+    reuse: bool = True,
 ) -> dict:
     """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export
     (with nothing to train on, its reason is in ``export.nothing_to_train_on``: see ``records_command``).
-    The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says."""
+    The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says.
+    Only users whose rows changed since the last rendering are rendered again (``reuse`` False:
+    every user)."""
     started = time.perf_counter()
     settings = with_lake_geometry(lake, settings)
     modes = modes or list(MODES)
     with staging(lake) as staged:
-        result: dict = {"records": build(lake, staged, modes, settings, chunk_states)}
+        result: dict = {"records": build(lake, staged, modes, settings, chunk_states, reuse)}
         steps = scan_table(lake, "steps").select(pl.len()).collect().item()
         kept = {"records": {"rows_in": steps, "rows_out": result["records"]["records"]}}
         gate = gate_task(lake, ["records"], stage="records", staged=staged, accounting=kept)

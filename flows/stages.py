@@ -100,29 +100,32 @@ def rendering_reads(lake: str, settings: Any) -> dict[str, Any]:
 
 @cached_stage(
     "extraction-states",
-    reads=rendering_reads,
-    writes=lambda lake, settings: [table_dir(states_folder(lake), "records")],
+    reads=lambda lake, settings, reuse: rendering_reads(lake, settings),
+    writes=lambda lake, settings, reuse: [table_dir(states_folder(lake), "records")],
 )
-def extraction_states_stage(lake: str, settings: Any) -> dict[str, Any]:
+def extraction_states_stage(lake: str, settings: Any, reuse: bool) -> dict[str, Any]:
+    """``reuse``: users whose rows are unchanged since the last rendering keep their states."""
     from flows.records import with_lake_geometry
-    from transforms.records import write_records
+    from flows.rendering import render_states
 
+    folder = states_folder(lake)
     chosen = with_lake_geometry(lake, settings)
-    return write_records(lake, settings=chosen, out=states_folder(lake), with_extraction=False).model_dump()
+    return render_states(lake, stage="extraction-states", out=folder, final=folder, settings=chosen,
+                         with_extraction=False, reuse=reuse)  # fmt: skip
 
 
 @cached_stage(
     "records",
-    reads=lambda lake, settings: {
+    reads=lambda lake, settings, reuse: {
         **rendering_reads(lake, settings), **tables(lake, EXTRACTED),
         "extract_quarantine": fingerprint(quarantine_dir(lake, "extract")),
     },
-    writes=lambda lake, settings: lake_outputs(lake, ["records"]),
+    writes=lambda lake, settings, reuse: lake_outputs(lake, ["records"]),
 )  # fmt: skip
-def records_stage(lake: str, settings: Any) -> dict[str, Any]:
+def records_stage(lake: str, settings: Any, reuse: bool) -> dict[str, Any]:
     from flows.records import records_flow
 
-    return records_flow(lake, settings=settings)
+    return records_flow(lake, settings=settings, reuse=reuse)
 
 
 @cached_stage(

@@ -262,3 +262,24 @@ def recorded_settings(lake: str | Path) -> IngestSettings:
     path = manifest_path(lake)
     recorded = json.loads(path.read_text()).get("settings", {}) if path.exists() else {}
     return IngestSettings(**recorded)
+
+
+def differing_tables(lake: str | Path, other: str | Path, names: Sequence[str]) -> dict[str, str]:
+    """The tables of ``names`` whose rows differ between two lakes (as sets of rows with their
+    multiplicities: file layout and row order aside), each with a short reason; empty when they agree."""
+    differences = {}
+    for name in names:
+        files = {str(root): sorted(table_dir(root, name).rglob("*.parquet")) for root in (lake, other)}
+        if not any(files.values()):
+            continue
+        if not all(files.values()):
+            differences[name] = "in one lake only"
+            continue
+        mine, theirs = (pl.read_parquet(f, hive_partitioning=False) for f in files.values())
+        if mine.schema != theirs.schema:
+            differences[name] = "columns differ"
+        elif mine.height != theirs.height:
+            differences[name] = f"{mine.height:,} rows against {theirs.height:,}"
+        elif not mine.sort(pl.all()).equals(theirs.sort(pl.all())):
+            differences[name] = "same row count, different rows"
+    return differences

@@ -17,17 +17,20 @@ Key of the table: (mode, record_id).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow.parquet as pq
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 from transforms.chain import session_order
+from transforms.increments import empty_not_executable, kept_rows
 from transforms.lake import (
     RUNS,
     STAGING,
@@ -707,9 +710,32 @@ class RecordsSummary(BaseModel):
     with_intent: int = 0
     gold_missing: dict[str, int] = {}  # states without a gold response, by reason (GOLD_MISSING)
     settings: dict[str, Any] = {}
+    # per user, mode and action: the not-executable states behind ``gold_not_executable``
+    _not_executable: list[pl.DataFrame] = PrivateAttr(default_factory=list)
 
     def add(self, frame: pl.DataFrame) -> None:
         """Fold one chunk of built records into the totals."""
+        self._count(frame)
+        bad = frame.filter(~pl.col("_executable")).group_by("user_id", "mode", "action").len("n")
+        self._add_not_executable(bad)
+
+    def add_kept(self, frame: pl.DataFrame, not_executable: pl.DataFrame) -> None:
+        """Fold in records kept from an earlier rendering, with their users' not-executable counts."""
+        self._count(frame)
+        self._add_not_executable(not_executable)
+
+    def not_executable_by_user(self) -> pl.DataFrame:
+        return pl.concat([empty_not_executable(), *self._not_executable], how="vertical_relaxed")
+
+    def _add_not_executable(self, bad: pl.DataFrame) -> None:
+        bad = bad.select(empty_not_executable().columns).cast(dict(empty_not_executable().schema))
+        self._not_executable.append(bad)
+        for mode, action, n in bad.group_by("mode", "action").agg(pl.col("n").sum()).iter_rows():
+            key = f"{mode}/{action}"
+            self.gold_not_executable[key] = self.gold_not_executable.get(key, 0) + n
+        self.gold_not_executable = dict(sorted(self.gold_not_executable.items()))
+
+    def _count(self, frame: pl.DataFrame) -> None:
         total = self.records + frame.height
         if frame.height:
             mean = float(frame["token_estimate"].mean())  # type: ignore[arg-type]
@@ -725,10 +751,7 @@ class RecordsSummary(BaseModel):
         for mode, split, n in frame.group_by("mode", "split").len().iter_rows():
             key = f"{mode}/{split}"
             self.by_mode_split[key] = self.by_mode_split.get(key, 0) + n
-        bad = frame.filter(~pl.col("_executable")).group_by("mode", "action").len()
-        for mode, action, n in bad.iter_rows():
-            key = f"{mode}/{action}"
-            self.gold_not_executable[key] = self.gold_not_executable.get(key, 0) + n
+        self.by_mode_split = dict(sorted(self.by_mode_split.items()))
 
 
 def user_chunks(steps: pl.DataFrame, max_states: int) -> Iterator[pl.Series]:
@@ -805,11 +828,17 @@ def write_records(
     zstd_level: int = 3,
     out: str | Path | None = None,
     with_extraction: bool = True,
+    only_users: pl.Series | None = None,
+    keep: KeptRendering | None = None,
 ) -> RecordsSummary:
     """(Re)write the ``records`` table from the lake, whole users at a time, atomically; into the
     lake-shaped folder ``out`` instead when given (a stage's staging folder). ``with_extraction``
     False renders the states as before any extraction (no rationales, responses or intents, whatever
-    the lake holds): the prompts extraction shows an LLM, the same on every run."""
+    the lake holds): the prompts extraction shows an LLM, the same on every run.
+
+    ``only_users`` renders those users alone; with ``keep`` (an earlier rendering made with the same
+    settings) every other user's records are kept from it, so the table is the one a full rendering
+    of the lake would write."""
     s = settings or PromptSettings()
     target = Path(out) if out is not None else Path(lake)
     summary = RecordsSummary(modes=list(modes), settings=s.model_dump())
@@ -825,6 +854,8 @@ def write_records(
     try:
         for file_no, path in enumerate(table_files(lake, "steps")):
             steps = pl.read_parquet(path, hive_partitioning=False)
+            if only_users is not None:
+                steps = steps.filter(pl.col("user_id").is_in(only_users.implode()))
             for chunk_no, users in enumerate(user_chunks(steps, chunk_states)):
                 chunk = steps.filter(pl.col("user_id").is_in(users.implode()))
                 mine = pl.col("user_id").is_in(users.implode())
@@ -843,6 +874,8 @@ def write_records(
                     summary.add(built)
                     if built.height:
                         _write_part(built, staged, f"part-{file_no}-{chunk_no}-{mode}.parquet", zstd_level)
+        if keep is not None and only_users is not None:
+            keep.copy_into(staged, only_users, summary, zstd_level)
         if summary.records == 0:
             write_table(target, "records", polars_schema(RECORDS).to_frame())
         else:
@@ -850,6 +883,42 @@ def write_records(
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return summary
+
+
+#: the records columns a summary counts
+SUMMARY_COLUMNS = ("user_id", "mode", "split", "token_estimate", "rationale", "intent", "gold_missing")
+
+
+@dataclass(frozen=True)
+class KeptRendering:
+    """An earlier rendering's records table and its per-user not-executable counts: the rows of users
+    not rendered again are taken from it."""
+
+    table: Path
+    not_executable: pl.DataFrame
+
+    def copy_into(self, staged: Path, replaced: pl.Series, summary: RecordsSummary, zstd_level: int) -> None:
+        """Kept files are linked (or copied) into ``staged`` under their bucket, a file with replaced
+        users rewritten without their rows."""
+        for path, rows in kept_rows(self.table, replaced):
+            target = staged / path.relative_to(self.table).with_name(f"kept-{path.name}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if rows is None:
+                _link_or_copy(path, target)
+                rows = pl.read_parquet(path, columns=list(SUMMARY_COLUMNS), hive_partitioning=False)
+            elif rows.height:
+                _write_part(rows, staged, target.name, zstd_level)
+            else:
+                continue
+            users = rows["user_id"].unique().implode()
+            summary.add_kept(rows, self.not_executable.filter(pl.col("user_id").is_in(users)))
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(source, target)
 
 
 def _for_mode(intents: pl.DataFrame | None, mode: str) -> pl.DataFrame | None:
