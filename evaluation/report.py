@@ -439,15 +439,20 @@ def training_html(training: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 # --- tables -------------------------------------------------------------------------------------
 
-ACCOUNTING_HEAD = (
-    "simulator",
-    "phase",
+#: the L0 account in two tables, each narrow enough to read: what became of the requests, and how the
+#: episodes ended with the traffic they made
+ACCOUNTING_KEYS = ("simulator", "phase")
+VERDICTS_HEAD = (
+    *ACCOUNTING_KEYS,
     "requests",
     "unanswered",
     "outputs judged",
     "accepted",
-    *REJECT_REASONS,
-    *(f"ended: {ending}" for ending in ENDINGS),
+    *(reason.replace("_", " ") for reason in REJECT_REASONS),
+)
+ENDINGS_HEAD = (
+    *ACCOUNTING_KEYS,
+    *(f"ended: {ending.replace('_', ' ')}" for ending in ENDINGS),
     "HTTP requests",
     "retries",
     "HTTP errors",
@@ -488,6 +493,17 @@ def accounting_rows(accounting: Mapping[str, Mapping[str, Any]]) -> list[list[st
                 counts_text(http.get("transport_errors", {}) if traffic is not None else None),
             ])  # fmt: skip
     return rows
+
+
+def accounting_tables(accounting: Mapping[str, Mapping[str, Any]]) -> list[tuple[list[str], list[list[str]]]]:
+    """``accounting_rows`` as the two tables (head, rows) the report shows: verdicts, then endings
+    and traffic."""
+    rows = accounting_rows(accounting)
+    keys, verdicts = len(ACCOUNTING_KEYS), len(VERDICTS_HEAD)
+    return [
+        (list(VERDICTS_HEAD), [row[:verdicts] for row in rows]),
+        (list(ENDINGS_HEAD), [row[:keys] + row[verdicts:] for row in rows]),
+    ]
 
 
 def unanswered_notes(accounting: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -595,7 +611,9 @@ def comparison_markdown(report: Mapping[str, Any], html_path: str | Path) -> str
     if sources := alignment_sources(report):
         alignment = [*markdown_table(["source", *ALIGNMENT_HEAD], alignment_rows(sources)), ""]
     accounting = report.get("accounting") or {}
-    l0 = ["## L0 accounting", *markdown_table(ACCOUNTING_HEAD, accounting_rows(accounting)), ""]
+    l0 = ["## L0 accounting"]
+    for head, rows in accounting_tables(accounting):
+        l0 += [*markdown_table(head, rows), ""]
     l0 += [*(f"- {note}" for note in unanswered_notes(accounting)), ACCOUNTING_NOTE, ""]
     full = f"Full report: `{Path(html_path).resolve()}`"
     return "\n".join(
@@ -633,7 +651,7 @@ def basis_html(simulators: Mapping[str, Mapping[str, Any]]) -> str:
 def accounting_html(report: Mapping[str, Any]) -> str:
     """The L0 accounting table, with a line per phase that lost requests."""
     accounting = report.get("accounting") or {}
-    table = _html_table(list(ACCOUNTING_HEAD), accounting_rows(accounting))
+    table = "".join(_html_table(head, rows) for head, rows in accounting_tables(accounting))
     notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in unanswered_notes(accounting))
     return table + notes + f'<p class="note">{html.escape(ACCOUNTING_NOTE)}</p>'
 

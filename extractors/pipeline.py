@@ -51,6 +51,7 @@ from transforms.lake import (
     Staging,
     atomic_file,
     conform,
+    quarantine_dir,
     scan_table,
     table_files,
     write_quarantine,
@@ -85,6 +86,8 @@ class BucketReport:
     stats: dict[str, Any]
     quarantine_by_reason: dict[str, int]
     carry: Carry = field(default_factory=Carry)
+    users: dict[str, int] = field(default_factory=dict)  # extracted (read) / kept from before (reused)
+    pending_users: list[str] = field(default_factory=list)  # users with a job left for a re-run
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,10 +107,14 @@ def record_buckets(states: str | Path) -> list[int]:
 
 
 def load_bucket(
-    lake: str | Path, bucket: int, states: str | Path | None = None
+    lake: str | Path, bucket: int, states: str | Path | None = None, only_users: pl.Series | None = None
 ) -> tuple[pl.DataFrame, dict[str, Timeline]]:
-    """One bucket's records (from ``states`` when given, else the lake's) and its users' timelines."""
-    records = scan_table(states or lake, "records").filter(pl.col("bucket") == bucket).collect()
+    """One bucket's records (from ``states`` when given, else the lake's; of ``only_users`` when
+    given) and its users' timelines."""
+    records = scan_table(states or lake, "records").filter(pl.col("bucket") == bucket)
+    if only_users is not None:
+        records = records.filter(pl.col("user_id").is_in(only_users.implode()))
+    records = records.collect()
     users = records["user_id"].unique()
     steps = scan_table(lake, "steps", STEP_COLUMNS).filter(pl.col("user_id").is_in(users)).collect()
     shown = pl.concat(
@@ -380,6 +387,62 @@ def quarantine_frame(
     return _frame(rows, QUARANTINE).drop("stage")
 
 
+# --- what an earlier extraction keeps --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeptExtraction:
+    """The lake's extraction outputs as an earlier run left them; every user not in ``replaced``
+    keeps their intents, rationales and quarantine rows from it."""
+
+    lake: Path
+    replaced: pl.Series
+
+    def rows(self, bucket: int, records: pl.DataFrame) -> tuple[pl.DataFrame, ...] | None:
+        """(intents, rationales, quarantine) of the bucket's kept users; None when a quarantine row
+        of the bucket names no state of its records (nothing is kept then: every user is extracted)."""
+        kept_users = records.filter(~pl.col("user_id").is_in(self.replaced.implode()))["user_id"].unique()
+        mine = (pl.col("bucket") == bucket) & pl.col("user_id").is_in(kept_users.implode())
+        intents = self._table("intents", INTENTS).filter(mine).collect()
+        rationales = self._table("rationales", RATIONALES).filter(mine).collect()
+        quarantine = self._quarantine(bucket, records)
+        if quarantine["user_id"].null_count():
+            return None
+        kept_quarantine = quarantine.filter(pl.col("user_id").is_in(kept_users.implode())).drop("user_id")
+        return intents, rationales, kept_quarantine
+
+    def _table(self, name: str, schema: Any) -> pl.LazyFrame:
+        return scan_table(self.lake, name) if table_files(self.lake, name) else _frame([], schema).lazy()
+
+    def _quarantine(self, bucket: int, records: pl.DataFrame) -> pl.DataFrame:
+        """The bucket's quarantine rows of the earlier run, each with the user its state belongs to."""
+        files = sorted(quarantine_dir(self.lake, STAGE).glob("*.parquet"))
+        if not files:
+            return _frame([], QUARANTINE).drop("stage").with_columns(pl.lit(None, pl.String).alias("user_id"))
+        rows = pl.scan_parquet(files, hive_partitioning=False).filter(
+            pl.col("source_file") == f"records/bucket={bucket}"
+        )
+        payload = pl.col("payload")
+        named = pl.coalesce(  # a state's session, or a trajectory's id (a session or a user)
+            payload.str.json_path_match("$.record_id").str.extract(r"^(.*):\d+$"),
+            payload.str.json_path_match("$.trajectory").str.extract(r"^[a-z]+:(.*)$"),
+            payload.str.json_path_match("$.trajectory_id"),
+        )
+        owners = pl.concat(
+            [
+                records.select(pl.col("session_id").alias("_named"), "user_id"),
+                records.select(pl.col("user_id").alias("_named"), "user_id"),
+            ]
+        ).unique("_named")
+        return (
+            rows.drop("stage")
+            .with_columns(named.alias("_named"))
+            .join(owners.lazy(), on="_named", how="left")
+            .drop("_named")
+            .collect()
+        )
+
+
 # --- writing ---------------------------------------------------------------------------------
 
 
@@ -408,9 +471,17 @@ def extract_bucket(
     *,
     staged: str | Path,
     states: str | Path | None = None,
+    kept: KeptExtraction | None = None,
 ) -> BucketReport:
-    """Extract one bucket of ``lake`` and write its outputs into ``staged``; see the module docstring."""
-    records, timelines = load_bucket(lake, bucket, states)
+    """Extract one bucket of ``lake`` and write its outputs into ``staged``; see the module docstring.
+    With ``kept``, only its ``replaced`` users are extracted, the others keep their earlier rows."""
+    earlier, bucket_users = None, 0
+    if kept is not None:
+        owners = scan_table(states or lake, "records").filter(pl.col("bucket") == bucket)
+        owners = owners.select("user_id", "session_id").unique().collect()
+        earlier, bucket_users = kept.rows(bucket, owners), owners["user_id"].n_unique()
+    only = kept.replaced if kept is not None and earlier is not None else None
+    records, timelines = load_bucket(lake, bucket, states, only)
     i_jobs, r_jobs = intent_jobs(records, timelines), rationale_jobs(records, timelines)
     label = f"extract bucket {bucket} ({settings.backend})"
     i_out, r_out, stats, carry = run_backend(settings, lake, carry or Carry(), i_jobs, r_jobs, label)
@@ -425,6 +496,14 @@ def extract_bucket(
         ],
         how="diagonal",  # aligned by column name
     )
+    counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
+    for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
+        lost = quarantine.filter((pl.col("table_name") == kind) & (pl.col("reason") == "missing_step")).height
+        counts[kind]["jobs"] += lost
+        counts[kind]["quarantined"] += lost
+    extracted_users = records["user_id"].n_unique()
+    if earlier is not None:
+        intents, rationales, quarantine = _with_earlier(counts, (intents, rationales, quarantine), earlier)
     _write_parquet(intents, INTENTS, part_path(staged, bucket, "intents"))
     _write_parquet(rationales, RATIONALES, part_path(staged, bucket, "rationales"))
     _write_parquet(
@@ -432,13 +511,27 @@ def extract_bucket(
         QUARANTINE,
         part_path(staged, bucket, "quarantine"),
     )
-    counts = {"intents": _counts(i_out), "rationales": _counts(r_out)}
-    for kind in KINDS:  # jobs that could not even be built count as jobs, quarantined
-        lost = quarantine.filter((pl.col("table_name") == kind) & (pl.col("reason") == "missing_step")).height
-        counts[kind]["jobs"] += lost
-        counts[kind]["quarantined"] += lost
     by_reason = Counter(f"{t}:{r}" for t, r in quarantine.select("table_name", "reason").iter_rows())
-    return BucketReport(bucket, counts, stats.as_dict(), dict(sorted(by_reason.items())), carry)
+    pending = {j.user_id for j, o in [*zip(i_jobs, i_out, strict=True), *zip(r_jobs, r_out, strict=True)]
+               if o.status == "pending"}  # fmt: skip
+    users = {"read": extracted_users, "reused": 0 if earlier is None else bucket_users - extracted_users}
+    return BucketReport(bucket, counts, stats.as_dict(), dict(sorted(by_reason.items())), carry, users,
+                        sorted(pending))  # fmt: skip
+
+
+def _with_earlier(
+    counts: dict[str, dict[str, int]], fresh: tuple[pl.DataFrame, ...], earlier: tuple[pl.DataFrame, ...]
+) -> tuple[pl.DataFrame, ...]:
+    """This run's rows and the kept users' earlier ones together; their decided jobs join the counts
+    (each kept row was one job: answered, or quarantined)."""
+    intents, rationales, quarantine = earlier
+    for kind, accepted in (("intents", intents), ("rationales", rationales)):
+        held = quarantine.filter(pl.col("table_name") == kind).height
+        counts[kind]["jobs"] += accepted.height + held
+        counts[kind]["ok"] += accepted.height
+        counts[kind]["quarantined"] += held
+    together = zip(fresh, earlier, strict=True)
+    return tuple(pl.concat([new, old], how="diagonal_relaxed") for new, old in together)
 
 
 def finalize(
@@ -491,6 +584,8 @@ def summarize(
         "lake_cost_usd": lake_spend(lake, settings),
         "quarantine_by_reason": dict(sum((Counter(r.quarantine_by_reason) for r in reports), Counter())),
         "stopped": next((r.carry.stopped for r in reports if r.carry.stopped), None),
+        # users extracted this run (read) and users whose earlier rows were kept (reused)
+        "users": {key: sum(r.users.get(key, 0) for r in reports) for key in ("read", "reused")},
         "settings": settings.model_dump(mode="json"),
     }
 

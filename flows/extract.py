@@ -41,6 +41,7 @@ from flows.preflight import check_lake
 from flows.retrying import IO_RETRIES
 from flows.settings import load_settings
 from flows.summary import stage_time
+from flows.unchanged_users import kept_extraction, plan_extraction, record_extraction
 from flows.validate import gate_task, staging, swap_staged
 
 
@@ -61,10 +62,18 @@ def list_buckets(states: str) -> list[int]:
 
 @task(name="extract-bucket", cache_policy=NO_CACHE)
 def extract_partition(
-    lake: str, staged: str, bucket: int, settings: ExtractSettings, carry: dict[str, Any], states: str | None
+    lake: str,
+    staged: str,
+    bucket: int,
+    settings: ExtractSettings,
+    carry: dict[str, Any],
+    states: str | None,
+    replaced_users: str | None = None,
 ) -> dict[str, Any]:
-    """One bucket of ``lake`` extracted into ``staged``; its report (small)."""
-    report = extract_bucket(lake, bucket, settings, Carry(**carry), staged=staged, states=states)
+    """One bucket of ``lake`` extracted into ``staged``; its report (small). ``replaced_users``: a
+    file naming the users to extract, the others keeping the lake's earlier rows (None: every user)."""
+    kept = kept_extraction(lake, replaced_users)
+    report = extract_bucket(lake, bucket, settings, Carry(**carry), staged=staged, states=states, kept=kept)
     get_run_logger().info("bucket %d: %s", bucket, report.counts)
     return report.to_json()
 
@@ -87,24 +96,29 @@ def record_run(lake: str, summary: dict[str, Any]) -> str:
 
 @flow(name="extract", persist_result=False)  # its tasks' results stay in memory
 def extract_flow(
-    lake: str, settings: ExtractSettings | None = None, states: str | None = None
+    lake: str, settings: ExtractSettings | None = None, states: str | None = None, reuse: bool = True
 ) -> dict[str, Any]:
     """Intents (train trajectories) and rationales (every recorded action), staged, gated, then
     swapped into the lake; the states are the lake's records, or those of the lake-shaped folder
-    ``states`` (rendered before any extraction)."""
+    ``states`` (rendered before any extraction). With ``states`` and ``reuse``, only the users whose
+    inputs changed since the last extraction are extracted, the others keep their rows."""
     settings = settings or ExtractSettings()
     clock = time.perf_counter()
     started = datetime.now(UTC).isoformat()
+    plan = plan_extraction(lake, states, settings, reuse) if states else None
     with staging(lake) as staged:
         reports: list[dict[str, Any]] = []
         carry: dict[str, Any] = {}
+        replaced = plan.write_replaced(staged) if plan else None
         for bucket in list_buckets(states or lake):
-            reports.append(extract_partition(lake, staged, bucket, settings, carry, states))
+            reports.append(extract_partition(lake, staged, bucket, settings, carry, states, replaced))
             carry = reports[-1]["carry"]
         summary = assemble(lake, staged, settings, reports, started)
         gate = gate_task(lake, list(TABLES), stage="extract", staged=staged, accounting=kept_rows(summary))
         summary["validation"] = gate["run_id"]
         swap_staged(lake, staged)
+    if plan is not None:
+        record_extraction(lake, plan, [user for report in reports for user in report["pending_users"]])
     refresh_catalog_task(lake)  # intents and rationales may be new tables: SQL sees them right away
     summary["seconds"] = round(time.perf_counter() - clock, 3)
     record_run(lake, summary)

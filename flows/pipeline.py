@@ -37,7 +37,7 @@ def pipeline_flow(
     chained = run_stage(chain_stage, lake, force, lake=lake)
     # extraction reads the states as before any extraction, so its requests are the same on every run
     states = run_stage(extraction_states_stage, lake, force, lake=lake, settings=records, reuse=not force)
-    extracted = run_stage(extract_stage, lake, force, lake=lake, settings=extract)
+    extracted = run_stage(extract_stage, lake, force, lake=lake, settings=extract, reuse=not force)
     # the records' one writer: gold responses, intents, and each history window's rationales
     rendered = run_stage(records_stage, lake, force, lake=lake, settings=records, reuse=not force)
     outcomes = {"ingest": ingested, "chain": chained, "extraction states": states,

@@ -15,9 +15,9 @@ from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
 from flows.chain import write_json
-from flows.rendering import render_states
 from flows.retrying import IO_RETRIES
 from flows.summary import stage_time
+from flows.unchanged_users import render_states
 from flows.validate import gate_task, staging, swap_staged
 from transforms.lake import recorded_settings, scan_table
 from transforms.prompts import PromptSettings

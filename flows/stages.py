@@ -106,7 +106,7 @@ def rendering_reads(lake: str, settings: Any) -> dict[str, Any]:
 def extraction_states_stage(lake: str, settings: Any, reuse: bool) -> dict[str, Any]:
     """``reuse``: users whose rows are unchanged since the last rendering keep their states."""
     from flows.records import with_lake_geometry
-    from flows.rendering import render_states
+    from flows.unchanged_users import render_states
 
     folder = states_folder(lake)
     chosen = with_lake_geometry(lake, settings)
@@ -130,16 +130,17 @@ def records_stage(lake: str, settings: Any, reuse: bool) -> dict[str, Any]:
 
 @cached_stage(
     "extract",
-    reads=lambda lake, settings: {
+    reads=lambda lake, settings, reuse: {
         **tables(lake, INGESTED), "states": fingerprint(states_folder(lake)),
         "settings": settings_json(settings),
     },
-    writes=lambda lake, settings: [*lake_outputs(lake, EXTRACTED), quarantine_dir(lake, "extract")],
+    writes=lambda lake, settings, reuse: [*lake_outputs(lake, EXTRACTED), quarantine_dir(lake, "extract")],
 )  # fmt: skip
-def extract_stage(lake: str, settings: Any) -> dict[str, Any]:
+def extract_stage(lake: str, settings: Any, reuse: bool) -> dict[str, Any]:
+    """``reuse``: users whose states and rows are unchanged since the last extraction keep theirs."""
     from flows.extract import extract_flow
 
-    return extract_flow(lake, settings=settings, states=str(states_folder(lake)))
+    return extract_flow(lake, settings=settings, states=str(states_folder(lake)), reuse=reuse)
 
 
 # --- the simulator ----------------------------------------------------------------------------

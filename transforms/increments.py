@@ -1,11 +1,12 @@
-"""Which users a grown lake changed for a rendering of its states, and what that rendering keeps.
+"""Which users a grown lake changed for a stage that works user by user, and what that stage keeps.
 
 A rendered state depends only on its own user's rows: their steps, sessions and history, the items
 their steps show or open, and (once extracted) their rationales, intents and rejected rationales.
 ``rendering_digests`` folds exactly those rows into one digest per user; a rendering records the
-digests of the inputs it was made from (``RenderedInputs``) beside its table, and the next one, made
+digests of the inputs it was made from (``RecordedInputs``) beside its table, and the next one, made
 with the same settings and code (its ``key``), renders again only the users whose digest changed,
-appeared or vanished, keeping every other user's rows as they are.
+appeared or vanished, keeping every other user's rows as they are. Extraction does the same with
+``extraction_digests``.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ def _rejected_rationales(lake: str | Path, sessions: pl.LazyFrame) -> pl.LazyFra
     return rows.join(owners, on="session_id", how="inner").drop("session_id")
 
 
-def rendering_digests(lake: str | Path, *, with_extraction: bool) -> pl.DataFrame:
-    """(user_id, digest): one digest per user of every lake row their rendered states depend on."""
+def _per_table(lake: str | Path, with_extraction: bool) -> list[pl.LazyFrame]:
     sessions = scan_table(lake, "sessions")
     parts = [_row_digests(scan_table(lake, "steps"), "steps"), _row_digests(sessions, "sessions")]
     parts.append(_item_digests(lake))
@@ -84,9 +84,25 @@ def rendering_digests(lake: str | Path, *, with_extraction: bool) -> pl.DataFram
     parts += [_row_digests(scan_table(lake, name), name) for name in optional if table_files(lake, name)]
     if with_extraction and (rejected := _rejected_rationales(lake, sessions)) is not None:
         parts.append(_row_digests(rejected, "rejected_rationales"))
+    return parts
+
+
+def _per_user(parts: list[pl.LazyFrame]) -> pl.DataFrame:
     per_table = pl.concat(parts).collect()
     per_user = per_table.group_by("user_id").agg(pl.struct("table", "digest").sort().alias("_row"))
     return per_user.select("user_id", pl.col("_row").hash(DIGEST_SEED).alias("digest")).sort("user_id")
+
+
+def rendering_digests(lake: str | Path, *, with_extraction: bool) -> pl.DataFrame:
+    """(user_id, digest): one digest per user of every lake row their rendered states depend on."""
+    return _per_user(_per_table(lake, with_extraction))
+
+
+def extraction_digests(lake: str | Path, states: str | Path) -> pl.DataFrame:
+    """(user_id, digest): per user, what extraction reads of them: their states as rendered before
+    extraction (in the lake-shaped folder ``states``) and the lake rows behind their timelines."""
+    rendered = _row_digests(scan_table(states, "records"), "states")
+    return _per_user([*_per_table(lake, with_extraction=False), rendered])
 
 
 def changed_users(before: pl.DataFrame, now: pl.DataFrame) -> pl.Series:
@@ -97,10 +113,10 @@ def changed_users(before: pl.DataFrame, now: pl.DataFrame) -> pl.Series:
 
 
 @dataclass(frozen=True)
-class RenderedInputs:
-    """What a rendering was made from, kept beside its table: the digests per user, the rendering's
-    key (settings, code), the fingerprint of the table it wrote, and per user the recorded actions
-    their states show as not executable (the summary of kept users needs them)."""
+class RecordedInputs:
+    """What a stage's rows were made from, kept beside its tables: the digests per user, the stage's
+    key (settings, code), the fingerprint of the tables it wrote, and (a rendering's) per user the
+    recorded actions their states show as not executable, which the summary of kept users needs."""
 
     folder: Path  # LAKE/_runs/<stage>
 
@@ -114,7 +130,7 @@ class RenderedInputs:
 
     @property
     def key_file(self) -> Path:
-        return self.folder / "rendering.json"
+        return self.folder / "inputs.json"
 
     def previous(self, key: str, table_fingerprint: str | None) -> tuple[pl.DataFrame, pl.DataFrame] | None:
         """The previous rendering's (digests, not executable), when it was made with ``key`` and its

@@ -1,5 +1,5 @@
-"""A bundle that grows by a day: the pipeline run again on its lake renders only the users the day
-changed, and the lake equals a fresh full run's, table by table."""
+"""A bundle that grows by a day: the pipeline run again on its lake renders and extracts only the
+users the day changed, and the lake equals a fresh full run's, table by table."""
 
 from __future__ import annotations
 
@@ -38,5 +38,9 @@ def test_a_new_day_equals_a_full_run(prefect_harness, tmp_path: Path):
     assert full["records"]["records"]["users_rendered"] == users
     assert differing_tables(lake, fresh, [*LAKE_TABLES, "quarantine"]) == {}
     assert differing_tables(lake / "_extraction_states", fresh / "_extraction_states", ["records"]) == {}
+    extracted = again["extract"]["users"]
+    assert extracted["read"] == rendered and extracted["reused"] == users - rendered
+    assert again["extract"]["counts"] == full["extract"]["counts"]  # the kept rows counted too
+    assert full["extract"]["users"] == {"read": users, "reused": 0}
     assert again["records"]["records"]["records"] == full["records"]["records"]["records"]
     assert again["records"]["records"]["by_mode_split"] == full["records"]["records"]["by_mode_split"]

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from synthetic.bundle import write_bundle
-from transforms.increments import RenderedInputs, changed_users, empty_not_executable, rendering_digests
+from transforms.increments import RecordedInputs, changed_users, empty_not_executable, rendering_digests
 from transforms.ingest import ingest_bundle
 from transforms.lake import differing_tables, read_lake_table, table_dir, write_table
 from transforms.records import KeptRendering, write_records
@@ -113,7 +113,7 @@ def test_rendering_only_the_changed_users_writes_the_full_rendering(lake: Path, 
 
 
 def test_a_recorded_rendering_counts_only_for_its_key_and_its_table(tmp_path: Path):
-    inputs = RenderedInputs(tmp_path / "_runs" / "records")
+    inputs = RecordedInputs(tmp_path / "_runs" / "records")
     digests = pl.DataFrame({"user_id": ["a"], "digest": [1]}, schema_overrides={"digest": pl.UInt64})
     assert inputs.previous("k", "table-1") is None  # nothing recorded
     inputs.record("k", "table-1", digests, empty_not_executable())
