@@ -1,4 +1,4 @@
-"""Prefect flows, tasks, deployments and the ``trajforge`` CLI.
+"""Prefect flows, tasks and deployments (the ``trajforge`` command line that runs them is ``cli``).
 
 Importing this package sets the defaults that let Prefect's ephemeral API run
 without a server or telemetry, and Polars' allocator settings (read when Polars is

@@ -28,6 +28,8 @@ from prefect.results import ResultStore
 from prefect.utilities.hashing import hash_objects
 
 CACHE_FOLDER = "_cache"  # under the lake: the stages' Prefect result records
+#: the packages a stage's run executes; not ``cli``, which only reads settings and inputs before a
+#: stage starts and prints its result (the settings it passes enter the cache key themselves)
 CODE_PACKAGES = (
     "synthetic", "transforms", "extractors", "trainer", "evaluation", "validation", "worlds", "flows"
 )  # fmt: skip

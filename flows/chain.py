@@ -12,12 +12,9 @@ import polars as pl
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from rich.console import Console
-from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
 from flows.retrying import IO_RETRIES
-from flows.summary import stage_time
 from flows.validate import gate_task, staging, swap_staged
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
 from transforms.lake import RUNS, atomic_file, scan_table, table_dir, write_table
@@ -72,31 +69,3 @@ def chain_flow(lake: str) -> dict:
     result["seconds"] = round(time.perf_counter() - started, 3)
     summary = record_run(lake, result)
     return {**result, "summary": summary}
-
-
-def print_chain_summary(console: Console, result: dict) -> None:
-    stats = ChainStats(**result["stats"])
-    table = Table(title="chain: this lake vs the UserArena paper")
-    for column in ("figure", "this lake", "paper"):
-        table.add_column(column, justify="left" if column == "figure" else "right")
-    for name, value in stats.model_dump().items():
-        if isinstance(value, dict):
-            continue
-        paper = PAPER.get(name)
-        shown = "–" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:,.4f}"
-        table.add_row(name, shown, "" if paper is None else f"{paper:,}")
-    console.print(table)
-    console.print("split users: " + ", ".join(f"{k} {v:,}" for k, v in stats.split_users.items()))
-    for tertile, shares in stats.split_share_by_activity.items():
-        console.print(f"  activity {tertile}: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()))
-    console.print(
-        f"histories: {result['histories']} ({result['rows']:,} users)   summary: {result['summary']}"
-    )
-    console.print(stage_time("chain", result))
-
-
-def chain_command(lake: str) -> dict:
-    """CLI entry: ``trajforge chain --lake LAKE``."""
-    result = chain_flow(str(Path(lake).resolve()))
-    print_chain_summary(Console(), result)
-    return result

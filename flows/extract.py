@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from rich.console import Console
-from rich.table import Table
 
 from extractors.config import ExtractSettings
 from extractors.pipeline import (
@@ -36,20 +31,9 @@ from extractors.pipeline import (
     record_summary,
 )
 from flows.catalog import refresh_catalog_task
-from flows.options import DEFAULT_LAKE
-from flows.preflight import check_lake
 from flows.retrying import IO_RETRIES
-from flows.settings import load_settings
-from flows.summary import stage_time
 from flows.unchanged_users import kept_extraction, plan_extraction, record_extraction
 from flows.validate import gate_task, staging, swap_staged
-
-
-class BackendName(StrEnum):
-    """``--backend`` as a choice the shell completes and click checks (a usage error, exit 2)."""
-
-    heuristic = "heuristic"
-    openai = "openai"
 
 
 @task(name="list-record-buckets", cache_policy=NO_CACHE)
@@ -155,78 +139,3 @@ def spend_line(summary: dict[str, Any]) -> str:
     if lake_total is None:
         return line + "; lake total unknown (response cache off)"
     return line + f"; ${lake_total:.4f} for this lake in all (every answer in its response cache)"
-
-
-# --- the CLI command (registered by flows/cli.py) -------------------------------------------------
-
-
-def extract_command(
-    lake: Annotated[str, typer.Option("--lake", help="lake folder with records, steps and items")] = str(
-        DEFAULT_LAKE
-    ),
-    backend: Annotated[
-        BackendName, typer.Option("--backend", help="heuristic (offline rules) | openai")
-    ] = BackendName.heuristic,
-    config: Annotated[
-        Path | None,
-        typer.Option("--config", help="TOML file with \\[extract] settings", exists=True, dir_okay=False),
-    ] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="model name the endpoint serves")] = None,
-    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="env var holding the key")] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1)] = None,
-    budget_usd: Annotated[
-        float | None, typer.Option("--budget-usd", help="stop cleanly at this spend")
-    ] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
-    request_timeout: Annotated[float | None, typer.Option("--timeout", help="per-request seconds")] = None,
-) -> dict[str, Any]:
-    """Extract intents and rationales into their tables (``trajforge records`` then renders them into
-    the gold responses); exit 1 if the validation gate stops the run (the lake keeps its previous
-    tables)."""
-    settings = load_settings(
-        ExtractSettings,
-        "extract",
-        config,
-        backend=BackendName(backend).value,
-        base_url=base_url,
-        model=model,
-        api_key_env=api_key_env,
-        concurrency=concurrency,
-        budget_usd=budget_usd,
-        max_tokens=max_tokens,
-        request_timeout_s=request_timeout,
-    )
-    check_lake(lake, ["records"])  # before the flow: a missing lake is one line, not a traceback
-    # a stopped gate (GateError) is one of the command line's clean stops: one line, exit code 1
-    summary = extract_flow(str(Path(lake).resolve()), settings=settings)
-    console = Console()
-    print_summary(console, summary)
-    console.print(f"next: trajforge records --lake {lake}   (renders them into the gold responses)")
-    return summary
-
-
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
-    table = Table(
-        title=f"extract ({summary['backend']}, {summary['model']}): jobs = ok + quarantined + pending"
-    )
-    for column in ("output", "jobs", "ok", "quarantined", "pending"):
-        table.add_column(column, justify="left" if column == "output" else "right")
-    for name, c in summary["counts"].items():
-        table.add_row(name, *(f"{c[k]:,}" for k in ("jobs", "ok", "quarantined", "pending")))
-    console.print(table)
-    kinds = f" {summary['retries']}" if summary["retries"] else ""
-    console.print(
-        f"requests {summary['requests']:,}, cache hits {summary['cache_hits']:,}, "
-        f"retries {summary['retries_total']:,}{kinds}, "
-        f"re-asks {summary['reasks']:,}, "
-        f"tokens {summary['tokens_in']:,} in / {summary['tokens_out']:,} out"
-    )
-    console.print(spend_line(summary))
-    if summary["rejects"]:
-        console.print(f"rejected answers by code: {summary['rejects']}")
-    if summary["quarantine_by_reason"]:
-        console.print(f"quarantined: {summary['quarantine_by_reason']}")
-    if summary["stopped"]:
-        console.print(f"[yellow]stopped sending requests: {summary['stopped']} (re-run to resume)[/yellow]")
-    console.print(f"{stage_time('extract', summary)}; lake: {summary['lake']}")

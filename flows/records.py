@@ -10,13 +10,10 @@ import polars as pl
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from rich.console import Console
-from rich.table import Table
 
 from flows.catalog import refresh_catalog_task
 from flows.chain import write_json
 from flows.retrying import IO_RETRIES
-from flows.summary import stage_time
 from flows.unchanged_users import render_states
 from flows.validate import gate_task, staging, swap_staged
 from transforms.lake import recorded_settings, scan_table
@@ -105,7 +102,7 @@ def records_flow(
     reuse: bool = True,
 ) -> dict:
     """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export
-    (with nothing to train on, its reason is in ``export.nothing_to_train_on``: see ``records_command``).
+    (with nothing to train on, its reason is in ``export.nothing_to_train_on``: the command stops on it).
     The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says.
     Only users whose rows changed since the last rendering are rendered again (``reuse`` False:
     every user)."""
@@ -135,54 +132,3 @@ def export_line(exported: dict) -> str:
         line = f"{line}; {summary.describe_left_out()}"
     longest = summary.longest_token_estimate
     return f"{line}; the longest is about {longest:,} tokens: train with a max_length of at least that"
-
-
-def print_records_summary(console: Console, result: dict) -> None:
-    s = RecordsSummary(**result["records"])
-    table = Table(title=f"records (prompt {s.prompt_version}): {s.records:,} states")
-    table.add_column("mode/split")
-    table.add_column("states", justify="right")
-    for key, n in s.by_mode_split.items():
-        table.add_row(key, f"{n:,}")
-    console.print(table)
-    console.print(f"token estimate: mean {s.token_estimate_mean:,}, max {s.token_estimate_max:,}")
-    if s.gold_not_executable:
-        console.print(f"[yellow]recorded actions not executable as shown:[/yellow] {s.gold_not_executable}")
-    if s.gold_missing:
-        console.print(f"states without a gold response (response null), by reason: {s.gold_missing}")
-    if "export" in result and "nothing_to_train_on" not in result["export"]:
-        colour = "yellow" if result["export"].get("left_out") else "default"
-        console.print(f"[{colour}]{export_line(result['export'])}[/{colour}]", soft_wrap=True)
-    console.print(f"summary: {result['summary']}")
-    console.print(stage_time("records", result))
-
-
-def records_command(
-    lake: str,
-    mode: str = "both",
-    settings: PromptSettings | None = None,
-    chunk_states: int = 100_000,
-    export_jsonl: str | None = None,
-    export_split: str = "train",
-) -> dict:
-    """CLI entry: ``trajforge records --lake LAKE [--mode single|cross|both] [--export-jsonl PATH]``.
-
-    ``export_split``: a split name, a comma list ("train,val") or "all".
-    """
-    modes = list(MODES) if mode == "both" else [mode]
-    if any(m not in MODES for m in modes):
-        raise ValueError(f"mode must be single, cross or both, got {mode!r}")
-    splits = None if export_split == "all" else [s.strip() for s in export_split.split(",") if s.strip()]
-    result = records_flow(
-        str(Path(lake).resolve()),
-        modes=modes,
-        settings=settings,
-        chunk_states=chunk_states,
-        export_jsonl=str(Path(export_jsonl).resolve()) if export_jsonl else None,
-        export_splits=splits,
-    )
-    print_records_summary(Console(), result)
-    if "nothing_to_train_on" in result.get("export", {}):
-        exported = result["export"]
-        raise NothingToTrainOn(exported["nothing_to_train_on"], ExportSummary.model_validate(exported))
-    return result

@@ -1,20 +1,17 @@
-"""``trajforge score``: the UserArena figures of simulated traces against real ones, as one JSON object.
+"""The UserArena figures of simulated traces against real ones (what ``trajforge score`` prints).
 
-Scoring is local and takes seconds, so this is a plain function rather than a Prefect flow: a flow
+Scoring is local and takes seconds, so these are plain functions rather than a Prefect flow: a flow
 run would add its start-up and its log lines to a command whose stdout is meant to be piped.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import tempfile
 from pathlib import Path
 
 import polars as pl
 
 from evaluation.scorecard import rounded, score
-from evaluation.trace_frames import named_counts
 from evaluation.traces import dropped_keys, load_replay, load_traces, real_trace_frame
 from transforms.lake import read_lake_table, table_files
 from transforms.schemas import LAKE_TABLES
@@ -67,23 +64,6 @@ def dropped_by_file(
     if replay is not None:
         dropped["replay"] = dropped_keys(replay, "replay")
     return dropped
-
-
-def score_command(
-    real: str | Path,
-    sim: str | Path,
-    replay: str | Path | None = None,
-    split: str = "test",
-    strict: bool = True,
-) -> dict[str, object]:
-    """CLI entry: print the figures as one JSON object on stdout (and, reading leniently, one line on
-    stderr per file whose keys were dropped)."""
-    figures = score_files(real, sim, replay, split, strict)
-    for side, keys in figures["counts"].get("dropped_keys", {}).items():
-        if keys:
-            print(f"lenient: {side} traces: dropped unknown keys {named_counts(keys)}", file=sys.stderr)
-    print(json.dumps(figures, indent=2))
-    return figures
 
 
 def export_real_traces(

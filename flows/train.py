@@ -2,37 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict
-from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from rich.console import Console
-from rich.markup import escape
 
-from flows.options import DEFAULT_LAKE
-from flows.preflight import check_lake, check_model_folder
-from flows.settings import load_settings, toml_section
 from flows.training_artifacts import publish_training_progress
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
-from trainer.run_folder import check_run_folder
 
 Stage = Literal["sft", "optd"]
-
-
-class StageName(StrEnum):
-    """``--stage`` as a choice the shell completes and click checks."""
-
-    sft = "sft"
-    optd = "optd"
 
 
 class StageNotAvailable(RuntimeError):
@@ -201,79 +183,3 @@ def train_alongside(
         sft_task.fn(*paths, str(base.resolve()) if base else None, settings, resume, overwrite)
     elif base is not None:  # without it rank 0 stops the run with the reason
         optd_task.fn(*paths, str(base.resolve()), settings, resume, overwrite)
-
-
-def train_command(
-    stage: Annotated[StageName, typer.Option("--stage", help="sft: SFT warm-up | optd: distillation")],
-    out: Annotated[Path, typer.Option("--out", help="run folder: checkpoints, metrics.jsonl, summary.json")],
-    lake: Annotated[Path, typer.Option("--lake", help="lake folder with the records table")] = DEFAULT_LAKE,
-    base: Annotated[
-        Path | None,
-        typer.Option(
-            "--base",
-            help="sft: a pretrained model folder (default: the tiny model); optd: the SFT checkpoint",
-        ),
-    ] = None,
-    config: Annotated[
-        Path | None,
-        # escaped: Rich would read [train] as markup and print nothing in its place
-        typer.Option(
-            "--config",
-            help="TOML file with \\[train] settings (optd: \\[optd] on top of them)",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="continue from the newest checkpoint in --out")
-    ] = False,
-    overwrite: Annotated[
-        bool,
-        typer.Option(
-            "--overwrite",
-            help="replace the run in --out: its checkpoints, trainer_state, metrics, curves and summary "
-            "are removed first",
-        ),
-    ] = False,
-) -> None:
-    """Train the simulator on the lake's records: SFT warm-up (sft) or on-policy distillation (optd)."""
-    console = Console()
-    stage = StageName(stage).value  # type: ignore[assignment]
-    if stage == "sft":
-        settings: TrainSettings = load_settings(TrainSettings, "train", config)
-    else:
-        settings = optd_settings(toml_section(config, "train"), toml_section(config, "optd"))
-    if int(os.environ.get("RANK", "0")) > 0:
-        # under torchrun rank 0 runs the flow (logs, artifact, summary); the others train beside it, quietly
-        try:
-            train_alongside(stage, lake, out, base, settings, resume, overwrite)  # type: ignore[arg-type]
-        except (FileNotFoundError, ValueError):
-            raise typer.Exit(1) from None  # rank 0 meets the same error and says it
-        return
-    started = time.perf_counter()
-    try:
-        if getattr(settings, "generator", "hf") == "vllm":  # a missing engine first: no path can fix it
-            from trainer.generation import require_generator
-
-            require_generator("vllm")
-        check_lake(lake, ["records"])  # these before Prefect and torch start: said in a second
-        if base is not None:
-            check_model_folder(base)
-        elif stage == "optd":
-            raise StageNotAvailable("--stage optd needs --base: the SFT checkpoint (teacher, student start)")
-        check_run_folder(out, resume, overwrite)
-        checkpoint = train_flow(
-            str(lake.resolve()),
-            str(out.resolve()),
-            stage=stage,  # type: ignore[arg-type]
-            base=str(base.resolve()) if base else None,
-            settings=settings,
-            resume=resume,
-            overwrite=overwrite,
-        )
-    except (StageNotAvailable, FileNotFoundError, ValueError) as err:
-        console.print(f"[red]stopped:[/red] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(1) from None
-    summary = json.loads((out / "summary.json").read_text())
-    console.print(summary_markdown(stage, summary), soft_wrap=True)
-    console.print(f"trained in {time.perf_counter() - started:.1f}s; checkpoint: {checkpoint}")

@@ -1,6 +1,6 @@
 """Validation in flows: every stage writes into a staging folder (``staging``), ``gate_task``
 validates the staged tables, and only then ``swap_staged`` moves them into the lake;
-``validate_flow`` and the ``trajforge validate`` command run the gate on demand.
+``validate_flow`` runs the gate on demand (``trajforge validate``).
 
 A failed gate raises :class:`validation.report.GateError`, whose message is one
 paragraph; Prefect's run loggers are told not to print its traceback (the
@@ -14,15 +14,10 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from transforms.config import IngestSettings
 from transforms.lake import Staging, recorded_settings
@@ -136,52 +131,3 @@ def swap_staged(lake: str, staged: str) -> list[str]:
 def validate_flow(lake: str, tables: list[str] | None = None) -> dict:
     """Run the gate on demand over ``tables`` (default: every lake table with a suite)."""
     return gate_task(lake, tables, stage="validate")
-
-
-def print_summary(console: Console, summary: dict) -> None:
-    table = Table(title=f"validation {summary['run_id']} (rows in = out + quarantined)")
-    for column in ("table", "rows in", "rows out", "quarantined", "warnings", "errors"):
-        table.add_column(column, justify="left" if column in ("table", "warnings", "errors") else "right")
-    for name, t in summary["tables"].items():
-        table.add_row(
-            name,
-            f"{t['rows_in']:,}",
-            f"{t['rows_out']:,}",
-            f"{t['quarantined']:,}",
-            ", ".join(t["warnings"]) or "-",
-            ", ".join(t["errors"]) or "-",
-        )
-    console.print(table)
-    console.print(f"Data Docs: {Path(summary['docs_index']).as_uri()}", soft_wrap=True)
-    console.print(f"results: {summary['results_path']}", soft_wrap=True)
-
-
-def validate_command(
-    lake: Annotated[str, typer.Option("--lake", help="lake folder")],
-    table: Annotated[str | None, typer.Argument(help="one table (default: every table with a suite)")] = None,
-) -> None:
-    """Validate lake tables against their expectation suites; exit 1 if the gate stops."""
-    console = Console()
-    problem = usage_problem(lake, table)
-    if problem:
-        console.print(f"[red]{problem}[/red]")
-        raise typer.Exit(2)
-    try:
-        summary = validate_flow(str(Path(lake).resolve()), [table] if table else None)
-    except GateError as err:
-        console.print(f"[red]validation stopped:[/red] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(1) from None
-    print_summary(console, summary)
-
-
-def usage_problem(lake: str, table: str | None) -> str | None:
-    """Why the command cannot run (checked before Prefect starts), or None."""
-    from transforms.schemas import LAKE_TABLES
-    from validation.suites import all_suites
-
-    if not Path(lake).is_dir():
-        return f"no lake folder at {lake}"
-    known = [n for n in LAKE_TABLES if n in all_suites()]
-    if table is not None and table not in known:
-        return f"no validation suite for table {table!r}; tables with suites: {', '.join(known)}"
-    return None

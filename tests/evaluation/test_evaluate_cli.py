@@ -8,9 +8,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.rollout import Rollout
 from evaluation.traces import read_replay, read_traces
-from flows.cli import app
 from synthetic.bundle import write_bundle
 from tests.evaluation.test_environment import session
 from tests.evaluation.tiny_model import save_tiny_llama

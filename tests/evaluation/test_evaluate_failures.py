@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.openai_simulator import OpenAISimulator
 from evaluation.simulators import RandomSimulator, derived_seed, executable_lines
 from evaluation.traces import read_replay, read_traces
-from flows.cli import app
 from tests.evaluation.scripted_server import Reply, closed_port, scripted_server
 from tests.flows.worlds import generated_lake
 from transforms.lake import world_path

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.traces import read_traces
-from flows.cli import app
 from flows.evaluate_folder import RUN_FILE, check_evaluation_folder, differences, scored_traces
 from synthetic.bundle import write_bundle
 from transforms.ingest import ingest_bundle

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.checkpoint_simulator import CheckpointSimulator
 from evaluation.rollout import Rollout
 from evaluation.simulators import Sampling, derived_seed
 from evaluation.traces import read_replay, read_traces
 from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
-from flows.cli import app
 from synthetic.bundle import write_bundle
 from tests.evaluation.scripted_server import serving
 from tests.evaluation.test_environment import session

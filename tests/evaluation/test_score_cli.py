@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.traces import dropped_keys, write_jsonl
-from flows.cli import app
 from flows.score import export_real_traces
 from tests.evaluation.tiny import (
     as_reference,

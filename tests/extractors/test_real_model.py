@@ -15,13 +15,13 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from extractors.answer import ask_until_clean, balanced_objects, parse_lenient
 from extractors.cache import CACHE_DIR, ResponseCache
 from extractors.client import LLMClient, Stats
 from extractors.fakeserver import reply
 from extractors.prompts import RATIONALE_V1
 from extractors.schemas import AnswerError, Intent, RationaleAnswer
-from flows.cli import app
 from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import write_sessions_lake
 from trainer.pretrained import served

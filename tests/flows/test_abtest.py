@@ -67,12 +67,12 @@ def test_the_cli_runs_an_abtest_with_a_team_policy(lake, tmp_path):
     args = ["--lake", str(lake), "--policy-a", "popularity", "--policy-b",
             "tests.evaluation.test_policies:cheapest_first", "--simulator", "world", "--out", str(out),
             "--users", "10", "--split", "train"]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "abtest", *args], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "cli", "abtest", *args], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["arms"]["a"]["users"] + report["arms"]["b"]["users"] == 10
-    bad = subprocess.run([sys.executable, "-m", "flows.cli", "abtest", *args[:3], "nope", *args[4:]], env=env,
+    bad = subprocess.run([sys.executable, "-m", "cli", "abtest", *args[:3], "nope", *args[4:]], env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert bad.returncode == 1 and "unknown policy 'nope'" in bad.stderr
     assert "Traceback" not in bad.stderr and "temporary server" not in bad.stderr  # refused before any work

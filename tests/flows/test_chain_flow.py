@@ -6,10 +6,10 @@ import json
 
 from typer.testing import CliRunner
 
+from cli.app import app
 from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
 from flows.chain import chain_flow, summary_path
-from flows.cli import app
 from flows.records import records_flow
 from flows.records import summary_path as records_summary_path
 from tests.bundles import event, feeds, tiny_bundle, write_bundle

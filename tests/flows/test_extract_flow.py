@@ -9,9 +9,10 @@ import polars as pl
 import typer
 from typer.testing import CliRunner
 
+from cli.dataset import extract
 from extractors.config import ExtractSettings
 from extractors.fakeserver import FakeOpenAIServer, status
-from flows.extract import extract_command, extract_flow
+from flows.extract import extract_flow
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.lake import read_lake_table
 
@@ -34,9 +35,9 @@ def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypa
     monkeypatch.setenv("FLOW_TEST_KEY", secret)
     for name, value in {"REQUEST_TIMEOUT_S": "10", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
         monkeypatch.setenv(f"TRAJFORGE_EXTRACT_{name}", value)
-    # how the lead registers it in flows/cli.py
+    # registered as cli/app.py registers it
     app = typer.Typer()
-    app.command(name="extract")(extract_command)
+    app.command()(extract)
     app.callback()(lambda: None)
     with FakeOpenAIServer() as server:
         server.enqueue(status(500))  # one transient failure, retried

@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 import extractors.pipeline
+from cli.app import app
 from extractors.cache import CACHE_DIR, ResponseCache
 from extractors.config import ExtractSettings
 from extractors.fakeserver import FakeOpenAIServer, default_responder
 from extractors.pipeline import extract_lake
-from flows.cli import app
 from flows.extract import extract_flow
 from tests.extractors.tinylake import write_tiny_lake
 from tests.flows.test_gate_then_swap import lake_files

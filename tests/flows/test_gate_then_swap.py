@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 import flows.chain
+from cli.app import app
 from flows.chain import chain_flow
-from flows.cli import app
 from flows.ingest import ingest_flow
 from flows.records import records_flow
 from flows.validate import validate_flow

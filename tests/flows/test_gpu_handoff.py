@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.flows.test_cli import SMALL_RUN
+from tests.cli.test_cli import SMALL_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -99,7 +99,7 @@ def test_the_main_job_hands_training_and_evaluation_to_the_gpu_pool(tmp_path):
         config = tmp_path / "handoff.toml"
         config.write_text(SMALL_RUN + "hand_off = true\n")  # SMALL_RUN ends in its [main_job] table
         workdir = tmp_path / "job"
-        command = [sys.executable, "-m", "flows.cli", "run", "--users", "40", "--seed", "5",
+        command = [sys.executable, "-m", "cli", "run", "--users", "40", "--seed", "5",
                    "--workdir", str(workdir), "--config", str(config)]  # fmt: skip
         done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -30,7 +30,7 @@ def lake(tmp_path_factory) -> Path:
 
 
 def command(lake: Path, out: Path) -> list[str]:
-    args = [sys.executable, "-m", "flows.cli", "evaluate", "--lake", str(lake), "--out", str(out)]
+    args = [sys.executable, "-m", "cli", "evaluate", "--lake", str(lake), "--out", str(out)]
     args += ["--sessions", str(SESSIONS), "--batch-size", "1", "--effect-users", "10", "--seed", "3"]
     return args + [arg for spec in SPECS for arg in ("--simulator", spec)]
 

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.test_cli import SMALL_RUN
+from tests.cli.test_cli import SMALL_RUN
 from tests.flows.test_killed_evaluation import environment
 
 DATASET_STAGES = ("synthesise", "ingest", "chain", "extraction states", "extract", "records")
 
 
 def command(workdir: Path, config: Path) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "run", "--users", "40", "--seed", "5",
+    return [sys.executable, "-m", "cli", "run", "--users", "40", "--seed", "5",
             "--workdir", str(workdir), "--config", str(config)]  # fmt: skip
 
 

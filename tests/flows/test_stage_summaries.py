@@ -6,10 +6,10 @@ import time
 
 from rich.console import Console
 
-from flows.chain import chain_flow, print_chain_summary
+from cli.console import print_chain_summary, print_ingest_summary, print_records_summary
+from flows.chain import chain_flow
 from flows.ingest import ingest_flow
-from flows.records import print_records_summary, records_flow
-from flows.summary import print_ingest_summary
+from flows.records import records_flow
 from tests.bundles import tiny_bundle, write_bundle
 
 

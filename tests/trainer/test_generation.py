@@ -141,7 +141,7 @@ def test_asking_for_vllm_without_it_is_one_line_before_any_model_is_loaded(monke
 
 def train_optd_with_vllm(monkeypatch, tmp_path) -> Any:
     """``trajforge train --stage optd`` with ``[optd] generator = "vllm"`` where vLLM cannot be imported."""
-    from flows.cli import app
+    from cli.app import app
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     config = tmp_path / "optd.toml"

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.executable import ScreenJudge
-from flows.cli import app
 from tests.trainer.conftest import tiny_model
 from trainer.checkpoint import read_meta
 from trainer.config import OPTDSettings, TinyModelSettings, TrainSettings

@@ -211,7 +211,7 @@ def test_the_command_line_trains_under_torchrun_with_one_flow_and_one_writer(lak
         "--config",
         str(tmp_path / "train.toml"),
     ]
-    printed = two_ranks("-m", "flows.cli", "train", *arguments)
+    printed = two_ranks("-m", "cli", "train", *arguments)
     assert printed.count("trained in") == 1
     folder = out / "checkpoints" / "step-000002"
     meta = read_meta(folder)

@@ -19,10 +19,10 @@ from transformers import (
 )
 from typer.testing import CliRunner
 
+from cli.app import app
 from evaluation.executable import ScreenJudge
 from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
-from flows.cli import app
 from synthetic.bundle import write_bundle
 from tests.trainer.conftest import files, tiny_model
 from trainer.checkpoint import (

@@ -359,16 +359,16 @@ def test_validate_flow_publishes_artifacts(prefect_harness, clean: GateSummary):
 def test_validate_command_stops_cleanly(prefect_harness, broken, capfd):
     import typer
 
-    from flows.validate import validate_command
+    from cli.dataset import validate
 
     lake, _, _ = broken
     with pytest.raises(typer.Exit) as info:
-        validate_command(str(lake), "steps")
+        validate(Path(lake), "steps")
     out, err = capfd.readouterr()
     assert info.value.exit_code == 1
     assert "click_target_visible" in out and "Traceback" not in out + err
     with pytest.raises(typer.Exit) as info:
-        validate_command(str(lake), "nope")
+        validate(Path(lake), "nope")
     assert info.value.exit_code == 2 and "no validation suite" in capfd.readouterr().out
 
 

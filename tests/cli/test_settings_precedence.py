@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flows.settings import load_settings
+from cli.settings import load_settings
 from trainer.config import TrainSettings
 from transforms.config import IngestSettings
 

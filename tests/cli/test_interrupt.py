@@ -12,9 +12,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from cli.app import app
+from cli.interrupt import guarded, interrupted_line, keep_api_server_through_interrupts
 from extractors.fakeserver import FakeOpenAIServer
-from flows.cli import app
-from flows.interrupt import guarded, interrupted_line, keep_api_server_through_interrupts
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.lake import read_lake_table
 
@@ -35,7 +35,7 @@ def test_ctrl_c_ends_extract_in_seconds_and_a_rerun_resumes(prefect_harness, tmp
     options = ["--model", "m", "--api-key-env", "INTERRUPT_TEST_KEY", "--concurrency", "1"]
     # one request at a time, half a second each: the run is mid-way for ~10 s
     with FakeOpenAIServer(latency=0.5) as server:
-        command = [sys.executable, "-m", "flows.cli", *_extract_args(lake, server), *options]
+        command = [sys.executable, "-m", "cli", *_extract_args(lake, server), *options]
         run = subprocess.Popen(
             command,
             env=env,
@@ -115,7 +115,7 @@ def test_a_guarded_server_ends_when_its_parent_is_killed(tmp_path):
     # a parent starts the sleeper as Prefect starts its server, prints its pid and dies without cleaning up
     parent = (
         "import os, subprocess, sys\n"
-        "from flows.interrupt import guarded\n"
+        "from cli.interrupt import guarded\n"
         f"child = subprocess.Popen(guarded([sys.executable, '-m', 'sleeper']), cwd={str(tmp_path)!r}, "
         "start_new_session=True)\n"
         "print(child.pid, flush=True)\n"

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def chain_on_a_missing_lake(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     """``trajforge chain`` stops at its lake check, before any flow asks the server anything."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    command = [sys.executable, "-m", "flows.cli", "chain", "--lake", str(tmp_path / "missing")]
+    command = [sys.executable, "-m", "cli", "chain", "--lake", str(tmp_path / "missing")]
     return subprocess.run(
         command, env=base | {"PYTHONPATH": str(ROOT), **env}, capture_output=True, text=True, timeout=120
     )

@@ -15,7 +15,8 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import QuietCleanStops, app
+from cli.app import app
+from cli.stops import QuietCleanStops
 from flows.preflight import check_model_folder
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.ingest import ingest_bundle
@@ -248,7 +249,7 @@ def test_an_empty_selection_of_sessions_is_an_error(tmp_path, lake):
 
 def test_in_a_terminal_a_bad_input_is_one_line(tmp_path):
     # a real process, as a user runs it: no Rich traceback and no Prefect log reaches the terminal
-    command = [sys.executable, "-m", "flows.cli", "chain", "--lake", str(tmp_path / "missing")]
+    command = [sys.executable, "-m", "cli", "chain", "--lake", str(tmp_path / "missing")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300,
                             env=os.environ | {"COLUMNS": "80"})  # fmt: skip
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
@@ -275,7 +276,7 @@ def test_an_error_inside_a_flow_is_one_line_without_prefects_tracebacks(tmp_path
     # a real process: the unknown simulator is found inside the flow's simulate task, after Prefect
     # has started; its task and flow logs say so in a line each, and no traceback reaches the terminal
     held = held_split(lake)
-    command = [sys.executable, "-m", "flows.cli", "evaluate", "--lake", str(lake), "--simulator", "oracle",
+    command = [sys.executable, "-m", "cli", "evaluate", "--lake", str(lake), "--simulator", "oracle",
                "--out", str(tmp_path / "e"), "--split", held, "--no-effect"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300,
                             env=os.environ | {"COLUMNS": "200"})  # fmt: skip

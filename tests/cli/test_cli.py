@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cli.app import app
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.catalog import query
 from transforms.ingest import ingest_bundle
@@ -130,7 +130,7 @@ def test_bundle_without_events_stops_with_one_paragraph(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "flows.cli",
+        "cli",
         "ingest",
         str(tmp_path / "raw"),
         "--lake",

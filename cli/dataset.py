@@ -1,0 +1,323 @@
+"""The dataset's commands: synthetic logs, ingest, chain, records, extract, validate, SQL over the lake,
+and serving the pipeline's deployments."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from cli.console import (
+    console,
+    frame_as_csv,
+    frame_as_json,
+    print_bundle,
+    print_chain_summary,
+    print_extract_summary,
+    print_frame,
+    print_ingest_summary,
+    print_records_summary,
+    print_validation_summary,
+    progress_bar,
+)
+from cli.options import DEFAULT_LAKE, ExtractConfig, IngestConfig, LakeOption, RecordsConfig, Split
+from cli.settings import load_settings
+from cli.stops import stopped
+from flows.preflight import InputError, check_lake, check_new_lake, check_writable_file, check_writable_folder
+from transforms.config import IngestSettings
+
+
+class BundleFormat(StrEnum):
+    """The file format of a synthetic bundle's tables (``synth --file-format``)."""
+
+    parquet = "parquet"
+    jsonl = "jsonl"
+    jsonl_gz = "jsonl.gz"
+    csv = "csv"
+
+
+def synth(
+    out: Annotated[Path, typer.Option("--out", help="folder for the raw log bundle")] = Path("sample/raw"),
+    users: Annotated[int, typer.Option("--users", min=1, help="number of shoppers")] = 300,
+    seed: Annotated[int, typer.Option("--seed")] = 7,
+    fmt: Annotated[
+        BundleFormat, typer.Option("--file-format", help="tables' file format")
+    ] = BundleFormat.parquet,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace what --out holds (refused otherwise)")
+    ] = False,
+) -> None:
+    """Generate a raw log bundle from the synthetic shopping world."""
+    from synthetic.bundle import write_bundle
+
+    fmt = BundleFormat(fmt).value  # type: ignore[assignment]  # a direct call may pass a plain name
+    if out.exists() and not out.is_dir():
+        raise stopped(ValueError(f"--out {out} is a file, not a folder"))
+    check_writable_folder(out.parent)  # the bundle is written beside it, then renamed into place
+    started = time.perf_counter()
+    with progress_bar(console) as bar:
+        bar.add_task(f"synthesising {users} shoppers (seed {seed})", total=None)
+        summary = write_bundle(out, users=users, seed=seed, fmt=fmt, overwrite=overwrite)
+    print_bundle(console, out, summary)
+    console.print(f"wrote {out} in {time.perf_counter() - started:.1f}s")
+
+
+class SourceFormat(StrEnum):
+    """What ``ingest`` reads (``--source-format``)."""
+
+    bundle = "bundle"
+    userarena = "userarena"
+
+
+def ingest(
+    raw: Annotated[Path, typer.Argument(help="raw log bundle folder, or UserArena JSONL", exists=True)],
+    lake: LakeOption = DEFAULT_LAKE,
+    config: IngestConfig = None,
+    buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
+    force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
+    source_format: Annotated[
+        SourceFormat,
+        typer.Option("--source-format", help="bundle (raw log bundle folder) | userarena (release JSONL)"),
+    ] = SourceFormat.bundle,
+) -> None:
+    """Raw log bundle (or UserArena release) -> step-aligned lake tables, quarantine, DuckDB catalog."""
+    from flows.ingest import ingest_flow
+
+    settings = load_settings(IngestSettings, "ingest", config, buckets=buckets)
+    check_new_lake(lake)
+    with progress_bar(console) as bar:
+        bar.add_task(f"ingesting {raw}", total=None)
+        summary = ingest_flow(
+            str(raw.resolve()),
+            str(lake.resolve()),
+            settings=settings,
+            force=force,
+            source_format=SourceFormat(source_format).value,
+        )
+    print_ingest_summary(console, summary)
+
+
+def chain(lake: LakeOption = DEFAULT_LAKE) -> None:
+    """Sessions -> per-user histories, with chain statistics beside the UserArena paper's."""
+    from flows.chain import chain_flow
+
+    result = chain_flow(str(check_lake(lake, ["sessions"]).resolve()))
+    print_chain_summary(console, result)
+
+
+class Mode(StrEnum):
+    """The records' history mode (``records --mode``)."""
+
+    single = "single"
+    cross = "cross"
+    both = "both"
+
+
+def records(
+    lake: LakeOption = DEFAULT_LAKE,
+    config: RecordsConfig = None,
+    mode: Annotated[Mode, typer.Option("--mode", help="history: the session's, across sessions")] = Mode.both,
+    window_single: Annotated[
+        int | None, typer.Option("--window-single", help="past steps shown, single mode (10)")
+    ] = None,
+    window_cross: Annotated[
+        int | None, typer.Option("--window-cross", help="past steps shown, cross mode (20)")
+    ] = None,
+    recent_clicks: Annotated[int | None, typer.Option("--recent-clicks", help="(20)")] = None,
+    recent_buys: Annotated[int | None, typer.Option("--recent-buys", help="(20)")] = None,
+    chunk_states: Annotated[int, typer.Option("--chunk-states", help="states rendered per batch")] = 100_000,
+    export_jsonl: Annotated[
+        Path | None,
+        typer.Option("--export-jsonl", help="chat-format JSONL of the states with a gold response"),
+    ] = None,
+    export_split: Annotated[
+        str, typer.Option("--export-split", help="train | val | test | a,b | all")
+    ] = "train",
+) -> None:
+    """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
+    from flows.records import records_flow
+    from transforms.prompts import PromptSettings
+    from transforms.records import MODES, ExportSummary, NothingToTrainOn
+
+    settings = load_settings(
+        PromptSettings,
+        "records",
+        config,
+        window_single=window_single,
+        window_cross=window_cross,
+        recent_clicks=recent_clicks,
+        recent_buys=recent_buys,
+    )
+    check_export_split(export_split)
+    check_lake(lake, ["steps", "sessions", "items"])
+    if export_jsonl is not None:
+        check_writable_file(export_jsonl, "--export-jsonl")
+    result = records_flow(
+        str(lake.resolve()),
+        modes=list(MODES) if Mode(mode) is Mode.both else [Mode(mode).value],
+        settings=settings,
+        chunk_states=chunk_states,
+        export_jsonl=str(export_jsonl.resolve()) if export_jsonl else None,
+        export_splits=export_splits(export_split),
+    )
+    print_records_summary(console, result)
+    # the flow records the run before the export's refusal is said: a clean stop, exit code 1
+    if "nothing_to_train_on" in result.get("export", {}):
+        exported = result["export"]
+        raise NothingToTrainOn(exported["nothing_to_train_on"], ExportSummary.model_validate(exported))
+
+
+def check_export_split(value: str) -> None:
+    """``--export-split``: a split, a comma list of them, or ``all`` (a usage error otherwise)."""
+    splits = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [part for part in splits if part not in {split.value for split in Split}]
+    if value != "all" and (unknown or not splits):
+        shown = ", ".join(repr(part) for part in unknown) or repr(value)
+        choices = ", ".join(f"'{split.value}'" for split in Split)
+        raise typer.BadParameter(f"{shown}: give one of {choices}, a comma list of them, or 'all'",
+                                 param_hint="'--export-split'")  # fmt: skip
+
+
+def export_splits(value: str) -> list[str] | None:
+    """The splits ``--export-split`` names (``all``: None, every split)."""
+    return None if value == "all" else [part.strip() for part in value.split(",") if part.strip()]
+
+
+class BackendName(StrEnum):
+    """``--backend`` as a choice the shell completes and click checks (a usage error, exit 2)."""
+
+    heuristic = "heuristic"
+    openai = "openai"
+
+
+def extract(
+    lake: Annotated[str, typer.Option("--lake", help="lake folder with records, steps and items")] = str(
+        DEFAULT_LAKE
+    ),
+    backend: Annotated[
+        BackendName, typer.Option("--backend", help="heuristic (offline rules) | openai")
+    ] = BackendName.heuristic,
+    config: ExtractConfig = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="model name the endpoint serves")] = None,
+    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="env var holding the key")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1)] = None,
+    budget_usd: Annotated[
+        float | None, typer.Option("--budget-usd", help="stop cleanly at this spend")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
+    request_timeout: Annotated[float | None, typer.Option("--timeout", help="per-request seconds")] = None,
+) -> None:
+    """Extract intents and rationales into their tables (``trajforge records`` then renders them into
+    the gold responses); exit 1 if the validation gate stops the run (the lake keeps its previous
+    tables)."""
+    from extractors.config import ExtractSettings
+    from flows.extract import extract_flow
+
+    settings = load_settings(
+        ExtractSettings,
+        "extract",
+        config,
+        backend=BackendName(backend).value,
+        base_url=base_url,
+        model=model,
+        api_key_env=api_key_env,
+        concurrency=concurrency,
+        budget_usd=budget_usd,
+        max_tokens=max_tokens,
+        request_timeout_s=request_timeout,
+    )
+    check_lake(lake, ["records"])  # before the flow: a missing lake is one line, not a traceback
+    # a stopped gate (GateError) is one of the command line's clean stops: one line, exit code 1
+    summary = extract_flow(str(Path(lake).resolve()), settings=settings)
+    print_extract_summary(console, summary)
+    console.print(f"next: trajforge records --lake {lake}   (renders them into the gold responses)")
+
+
+def validate(
+    lake: LakeOption = DEFAULT_LAKE,
+    table: Annotated[str | None, typer.Argument(help="one table (default: every table with a suite)")] = None,
+) -> None:
+    """Validate lake tables against their Great Expectations suites; Data Docs per run."""
+    from validation.report import GateError
+
+    lake = check_lake(lake)
+    problem = unknown_table_problem(table)
+    if problem:
+        console.print(f"[red]{problem}[/red]")
+        raise typer.Exit(2)
+    from flows.validate import validate_flow  # Prefect loads once the table is known
+
+    try:
+        summary = validate_flow(str(lake.resolve()), [table] if table else None)
+    except GateError as err:
+        console.print(f"[red]validation stopped:[/red] {escape(str(err))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    print_validation_summary(console, summary)
+
+
+def unknown_table_problem(table: str | None) -> str | None:
+    """Why ``table`` cannot be validated (no suite declares it), or None."""
+    from transforms.schemas import LAKE_TABLES
+    from validation.suites import all_suites
+
+    known = [n for n in LAKE_TABLES if n in all_suites()]
+    if table is not None and table not in known:
+        return f"no validation suite for table {table!r}; tables with suites: {', '.join(known)}"
+    return None
+
+
+class SqlFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def sql(
+    query: Annotated[str, typer.Argument(help="read-only SQL over the lake views")],
+    lake: LakeOption = DEFAULT_LAKE,
+    limit: Annotated[int, typer.Option("--limit", help="rows printed as a table (csv and json: all)")] = 50,
+    output: Annotated[
+        SqlFormat, typer.Option("--format", help="csv and json: every row; in csv lists and structs are JSON")
+    ] = SqlFormat.table,
+) -> None:
+    """Run read-only SQL against LAKE/warehouse.duckdb and print the result, every value in full."""
+    import duckdb
+
+    from transforms.catalog import query as run_query
+
+    check_lake(lake)
+    try:
+        frame = run_query(lake, query)
+    except (duckdb.Error, FileNotFoundError) as exc:
+        console.print(f"[red]query failed:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    if output is SqlFormat.table:
+        print_frame(console, frame, limit)
+    else:
+        typer.echo(frame_as_csv(frame) if output is SqlFormat.csv else frame_as_json(frame), nl=False)
+
+
+def serve(
+    raw: Annotated[Path, typer.Option("--raw", help="raw log bundle the nightly run ingests")],
+    lake: LakeOption = DEFAULT_LAKE,
+    cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly run (UTC)")] = "0 2 * * *",
+) -> None:
+    """Serve the pipeline's deployments (nightly run + on-demand validation) from this process."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    if not raw.is_dir():
+        raise InputError(f"--raw {raw} is not a folder: the nightly run ingests the raw log bundle in it")
+    check_writable_folder(lake, "--lake")
+    try:
+        CronSchedule(cron=cron)
+    except ValidationError:
+        raise InputError(f"--cron {cron!r} is not a cron schedule (five fields, e.g. '0 2 * * *')") from None
+    from flows.deployments import serve_deployments
+
+    serve_deployments(str(raw.resolve()), str(lake.resolve()), cron)
