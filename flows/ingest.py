@@ -11,23 +11,19 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.caching import fingerprint, run_stage
 from flows.catalog import refresh_catalog_task
 from flows.retrying import IO_RETRIES
 from flows.validate import gate_task, quiet_tracebacks, staging, swap_staged
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
-from transforms.lake import manifest_path, table_files, world_path
-from transforms.readers import BundleError, bundle_fingerprint
+from transforms.lake import manifest_path, world_path
+from transforms.readers import BundleError
 
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
 
 GENERATED_BY = "trajforge.synthetic"  # the ``generator`` of a synthetic bundle's manifest
 INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
-
-
-@task(name="fingerprint-bundle", cache_policy=NO_CACHE)
-def fingerprint(raw: str) -> str:
-    return bundle_fingerprint(raw)
 
 
 @task(name="ingest-tables", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -95,34 +91,15 @@ def summary_markdown(summary: dict) -> str:
     )
 
 
-def unchanged(lake: str, bundle: str, settings: IngestSettings) -> dict | None:
-    """The previous summary when the same bundle was already ingested with the same settings."""
-    path = manifest_path(lake)
-    if not path.exists() or not table_files(lake, "steps"):
-        return None
-    previous = json.loads(path.read_text())
-    same_settings = previous.get("settings") == json.loads(settings.model_dump_json(exclude={"rekey_key"}))
-    return previous if previous.get("fingerprint") == bundle and same_settings else None
-
-
-@flow(name="ingest", persist_result=False)  # its tasks' results stay in memory
-def ingest_flow(
-    raw: str,
-    lake: str,
-    settings: IngestSettings | None = None,
-    force: bool = False,
-    source_format: str = "bundle",
+@flow(name="ingest-bundle", persist_result=False)  # its tasks' results stay in memory
+def ingest_bundle_flow(
+    raw: str, lake: str, settings: IngestSettings | None = None, source_format: str = "bundle"
 ) -> dict:
     """Raw bundle (or UserArena release JSONL) -> steps, sessions, feed_layouts, items, profiles,
-    history, quarantine; a no-op when the same input was already ingested with the same settings
-    (``force`` re-runs)."""
+    history, quarantine: staged, gated, swapped in, recorded. Always ingests: whether to is the
+    ingest stage's cache's decision (``ingest_flow``)."""
     started = time.perf_counter()
     settings = settings or IngestSettings()
-    bundle = fingerprint(raw)
-    previous = None if force else unchanged(lake, bundle, settings)
-    if previous is not None:
-        get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
-        return {**previous, "skipped": True, "seconds": round(time.perf_counter() - started, 3)}
     with staging(lake) as staged:
         summary = ingest_tables(raw, lake, staged, settings, source_format)
         gate = gate_task(
@@ -139,6 +116,27 @@ def ingest_flow(
     refresh_catalog_task(lake)
     summary["validation"] = {"run_id": gate["run_id"], "docs": gate["docs_index"]}
     summary["seconds"] = round(time.perf_counter() - started, 3)
-    # recorded last: a stopped gate leaves no "unchanged" manifest behind
-    record_run(lake, summary, bundle)
-    return {**summary, "skipped": False}
+    # the same content fingerprint the stage's cache key holds (memoized: the bundle is read once)
+    record_run(lake, summary, fingerprint(raw) or "")
+    return summary
+
+
+@flow(name="ingest")
+def ingest_flow(
+    raw: str,
+    lake: str,
+    settings: IngestSettings | None = None,
+    force: bool = False,
+    source_format: str = "bundle",
+) -> dict:
+    """The ingest stage: served from Prefect's cache when the bundle's content, the settings and the
+    code are those of the lake's last ingest and its tables are as that ingest wrote them
+    (``skipped`` True); ``force`` ingests whatever the cache holds."""
+    from flows.stages import ingest_stage
+
+    outcome = run_stage(
+        ingest_stage, lake, force, raw=raw, lake=lake, settings=settings, source_format=source_format
+    )
+    if outcome.reused:
+        get_run_logger().info("bundle unchanged since the last ingest; nothing to do")
+    return {**outcome.summary, "skipped": outcome.reused, "seconds": round(outcome.seconds, 3)}

@@ -68,9 +68,9 @@ def synthesise_stage(raw: str, users: int, seed: int) -> dict[str, Any]:
     ],
 )  # fmt: skip
 def ingest_stage(raw: str, lake: str, settings: Any, source_format: str) -> dict[str, Any]:
-    from flows.ingest import ingest_flow
+    from flows.ingest import ingest_bundle_flow
 
-    return ingest_flow(raw, lake, settings=settings, force=True, source_format=source_format)
+    return ingest_bundle_flow(raw, lake, settings=settings, source_format=source_format)
 
 
 @cached_stage(

@@ -796,19 +796,3 @@ def read_bundle(
     """Read every table of a raw bundle folder."""
     root = check_bundle(root)
     return {name: read_raw_table(root, name, unit, pseudonymize) for name in RAW_TABLES}
-
-
-def bundle_fingerprint(root: str | Path) -> str:
-    """Content fingerprint of a bundle folder (or one release file): paths, sizes and bytes."""
-    import hashlib
-
-    root = Path(root)
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.relative_to(root.parent if root.is_file() else root).as_posix().encode())
-        digest.update(str(path.stat().st_size).encode())
-        with path.open("rb") as handle:
-            for block in iter(lambda h=handle: h.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()

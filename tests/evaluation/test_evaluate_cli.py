@@ -14,7 +14,7 @@ from evaluation.traces import read_replay, read_traces
 from synthetic.bundle import write_bundle
 from tests.evaluation.test_environment import session
 from tests.evaluation.tiny_model import save_tiny_llama
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 from transforms.ingest import ingest_bundle
 
 runner = CliRunner()

@@ -25,7 +25,7 @@ from evaluation.openai_simulator import OpenAISimulator
 from evaluation.simulators import RandomSimulator, derived_seed, executable_lines
 from evaluation.traces import read_replay, read_traces
 from tests.evaluation.scripted_server import Reply, closed_port, scripted_server
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 from transforms.lake import world_path
 
 runner = CliRunner()

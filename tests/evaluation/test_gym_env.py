@@ -14,7 +14,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 from evaluation.environment import card_in_view  # noqa: E402
 from evaluation.gym_env import ENV_ID, ShoppingEnv  # noqa: E402
 from evaluation.slate import CandidateSettings  # noqa: E402
-from tests.flows.worlds import generated_lake  # noqa: E402
+from tests.flows.generated_lakes import generated_lake  # noqa: E402
 from worlds.shoppers import world_from_lake  # noqa: E402
 
 

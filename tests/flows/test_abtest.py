@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from flows.abtest import COUNTS_SCHEMA, abtest_flow, bootstrap_delta, split_by_hash
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,12 @@ from validation.report import GateError
 
 runner = CliRunner()
 # every gate run, a stopped one too, leaves its report here; everything else is the lake proper
-RUN_REPORTS = ("_runs/validation/", "_docs/")
+# the gate's run reports, and Prefect's result records of the stage (a stopped stage records its error)
+RUN_REPORTS = ("_runs/validation/", "_docs/", "_cache/")
 
 
 def lake_files(lake: Path) -> dict[str, str]:
-    """sha256 of every file of the lake but the gate's run reports."""
+    """sha256 of every file of the lake but the gate's run reports and Prefect's records."""
     files = {p.relative_to(lake).as_posix(): p for p in lake.rglob("*") if p.is_file()}
     return {
         rel: hashlib.sha256(p.read_bytes()).hexdigest()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ("markov", "random")

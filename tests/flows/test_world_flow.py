@@ -16,7 +16,7 @@ from flows.ingest import ingest_flow
 from synthetic.bundle import write_bundle
 from tests.bundles import tiny_bundle
 from tests.bundles import write_bundle as write_tiny_bundle
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 from transforms.lake import world_path
 from worlds.shoppers import (
     NoWorldError,

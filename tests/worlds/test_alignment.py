@@ -17,7 +17,7 @@ from flows.score import export_real_traces
 from synthetic import taxonomy as tx
 from synthetic.behaviour import BehaviourParams, SessionTraits, accepts_on_visit
 from tests.bundles import tiny_bundle, write_bundle
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 from transforms.ingest import ingest_bundle
 from transforms.rekey import Pseudonymizer
 from worlds.alignment import acceptable_shown, alignment_report, feed_slates

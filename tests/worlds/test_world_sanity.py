@@ -18,7 +18,7 @@ from evaluation.scorecard import score
 from evaluation.simulators import drive
 from evaluation.traces import Trace, TraceProfile, TraceStep, load_traces, write_jsonl
 from flows.score import export_real_traces
-from tests.flows.worlds import generated_lake
+from tests.flows.generated_lakes import generated_lake
 from transforms.lake import read_lake_table
 from worlds.shoppers import effect_for_lake, world_from_lake
 
