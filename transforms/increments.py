@@ -164,7 +164,7 @@ def empty_not_executable() -> pl.DataFrame:
     return pl.DataFrame(schema={"user_id": pl.String, "mode": pl.String, "action": pl.String, "n": pl.UInt32})
 
 
-def kept_rows(previous_table: Path, replaced: pl.Series) -> list[tuple[Path, pl.DataFrame | None]]:
+def files_without_users(previous_table: Path, replaced: pl.Series) -> list[tuple[Path, pl.DataFrame | None]]:
     """The previous table's files with the rows of users not in ``replaced``: (file, None) for a file
     none of whose users was replaced (kept whole), (file, its remaining rows) otherwise."""
     kept = []

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, PrivateAttr
 
 from transforms.chain import session_order
-from transforms.increments import empty_not_executable, kept_rows
+from transforms.increments import empty_not_executable, files_without_users
 from transforms.lake import (
     RUNS,
     STAGING,
@@ -900,7 +900,7 @@ class KeptRendering:
     def copy_into(self, staged: Path, replaced: pl.Series, summary: RecordsSummary, zstd_level: int) -> None:
         """Kept files are linked (or copied) into ``staged`` under their bucket, a file with replaced
         users rewritten without their rows."""
-        for path, rows in kept_rows(self.table, replaced):
+        for path, rows in files_without_users(self.table, replaced):
             target = staged / path.relative_to(self.table).with_name(f"kept-{path.name}")
             target.parent.mkdir(parents=True, exist_ok=True)
             if rows is None:
