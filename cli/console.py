@@ -79,18 +79,28 @@ def print_ingest_summary(console: Console, summary: dict) -> None:
         reasons.add_row(reason, f"{n:,}", "yes")
     if reasons.row_count:
         console.print(reasons)
-    outputs = Table(title="lake tables")
-    outputs.add_column("table")
-    outputs.add_column("rows", justify="right")
-    outputs.add_column("path")
-    for name, path in summary["paths"].items():
-        rows = summary["output_rows"].get(name)
-        outputs.add_row(name, "" if rows is None else f"{rows:,}", path)
-    console.print(outputs)
+    print_manifest(console, summary)
     if summary.get("validation"):
         console.print(f"validation passed; Data Docs: {summary['validation']['docs']}", soft_wrap=True)
     note = " (bundle unchanged: nothing rewritten)" if summary.get("skipped") else ""
     console.print(f"{stage_time('ingest', summary)}{note}; lake: {summary['lake']}")
+
+
+def print_manifest(console: Console, result: dict) -> None:
+    """The stage's manifest (``result["manifest"]``) as one table: the same rows as its Prefect table
+    artifact. Nothing for a result served from the cache without one."""
+    from transforms.manifest import StageManifest
+
+    if not result.get("manifest") or not Path(result["manifest"]).is_file():
+        return
+    manifest = StageManifest.model_validate_json(Path(result["manifest"]).read_text())
+    table = Table(title=f"{manifest.stage}: what it read and wrote ({result['manifest']})")
+    for column in ("kind", "name", "status", "rows", "hash"):
+        table.add_column(column, justify="right" if column == "rows" else "left")
+    for row in manifest.rows():
+        rows = "" if row["rows"] is None else f"{row['rows']:,}"
+        table.add_row(row["kind"], row["name"], row["status"], rows, row["hash"] or "")
+    console.print(table)
 
 
 def print_chain_summary(console: Console, result: dict) -> None:
@@ -110,9 +120,8 @@ def print_chain_summary(console: Console, result: dict) -> None:
     console.print("split users: " + ", ".join(f"{k} {v:,}" for k, v in stats.split_users.items()))
     for tertile, shares in stats.split_share_by_activity.items():
         console.print(f"  activity {tertile}: " + ", ".join(f"{k} {v:.3f}" for k, v in shares.items()))
-    console.print(
-        f"histories: {result['histories']} ({result['rows']:,} users)   summary: {result['summary']}"
-    )
+    console.print(f"histories: {result['histories']} ({result['rows']:,} users)")
+    print_manifest(console, result)
     console.print(stage_time("chain", result))
 
 
@@ -135,7 +144,7 @@ def print_records_summary(console: Console, result: dict) -> None:
     if "export" in result and "nothing_to_train_on" not in result["export"]:
         colour = "yellow" if result["export"].get("left_out") else "default"
         console.print(f"[{colour}]{export_line(result['export'])}[/{colour}]", soft_wrap=True)
-    console.print(f"summary: {result['summary']}")
+    print_manifest(console, result)
     console.print(stage_time("records", result))
 
 
@@ -164,6 +173,7 @@ def print_extract_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print(f"quarantined: {summary['quarantine_by_reason']}")
     if summary["stopped"]:
         console.print(f"[yellow]stopped sending requests: {summary['stopped']} (re-run to resume)[/yellow]")
+    print_manifest(console, summary)
     console.print(f"{stage_time('extract', summary)}; lake: {summary['lake']}")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,22 +47,24 @@ from extractors.intent import intent_heuristic, intent_llm
 from extractors.rationale import CHECKS, rationale_heuristic, rationale_llm
 from extractors.schemas import Intent, RationaleAnswer
 from extractors.trajectory import STEP_COLUMNS, IntentJob, RationaleJob, Timeline, build_timelines
+from transforms.files import atomic_file
+from transforms.fingerprints import fingerprint
 from transforms.lake import (
     STAGING,
     Staging,
-    atomic_file,
     conform,
     quarantine_dir,
     scan_table,
+    table_dir,
     table_files,
     write_quarantine,
     write_table,
 )
+from transforms.manifest import UsersDone, new_manifest, write_manifest
 from transforms.schemas import INTENTS, QUARANTINE, RATIONALES, polars_schema
 
 STAGE = "extract"
 PARTS = Path(STAGING) / "extract-parts"  # scratch of a staging folder: never swapped into the lake
-RUNS = Path("_runs") / "extract"
 KINDS = ("intents", "rationales")
 TABLES = ("intents", "rationales")  # what the stage writes (besides its quarantine rows)
 T = TypeVar("T")
@@ -543,7 +546,7 @@ def finalize(
     staged: str | Path,
 ) -> dict[str, Any]:
     """Assemble the partial outputs in ``staged`` into its ``intents``, ``rationales`` and quarantine
-    tables; returns the run's summary (recorded by :func:`record_summary` once the tables are swapped in)."""
+    tables; returns the run's summary (recorded in the stage's manifest once the tables are swapped in)."""
     buckets = [r.bucket for r in reports]
     for name in KINDS:
         parts = [pl.read_parquet(part_path(staged, b, name)) for b in buckets]
@@ -618,22 +621,13 @@ def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def record_summary(lake: str | Path, summary: dict[str, Any]) -> Path:
-    folder = Path(lake) / RUNS
-    folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(summary, indent=2, sort_keys=True)
-    stamped = folder / f"{summary['finished_at'].replace(':', '-')}.json"
-    stamped.write_text(text)
-    (folder / "latest.json").write_text(text)
-    return stamped
-
-
 def extract_lake(
     lake: str | Path, settings: ExtractSettings, states: str | Path | None = None
 ) -> dict[str, Any]:
     """The whole stage without Prefect and without the validation gate: staged, then swapped in
     (the flow runs the same steps as tasks and gates the staged tables before its swap)."""
-    started = datetime.now(UTC).isoformat()
+    started, clock = datetime.now(UTC).isoformat(), time.perf_counter()
+    read_from = {"states": fingerprint(states or table_dir(lake, "records"))}
     staging = Staging(lake)
     staged = staging.open()
     try:
@@ -646,5 +640,10 @@ def extract_lake(
         staging.commit()
     finally:
         staging.discard()
-    record_summary(lake, summary)
+    written = {name: table_dir(lake, name) for name in KINDS} | {"quarantine": quarantine_dir(lake, STAGE)}
+    manifest = new_manifest(
+        lake, STAGE, time.perf_counter() - clock, read_from, written, users=UsersDone(**summary["users"]),
+        settings=summary["settings"], details=summary,
+    )  # fmt: skip
+    write_manifest(manifest)
     return summary

@@ -12,10 +12,9 @@ returning a summary that no longer describes the files.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,56 +26,9 @@ from prefect.filesystems import LocalFileSystem
 from prefect.results import ResultStore
 from prefect.utilities.hashing import hash_objects
 
+from transforms.fingerprints import code_version, fingerprint, fingerprints
+
 CACHE_FOLDER = "_cache"  # under the lake: the stages' Prefect result records
-#: the packages a stage's run executes; not ``cli``, which only reads settings and inputs before a
-#: stage starts and prints its result (the settings it passes enter the cache key themselves)
-CODE_PACKAGES = (
-    "synthetic", "transforms", "extractors", "trainer", "evaluation", "validation", "worlds", "flows"
-)  # fmt: skip
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@functools.cache
-def code_version() -> str:
-    """Hash of every source file of the packages a stage can run: any change there is a new version."""
-    digest = hashlib.blake2b(digest_size=16)
-    for package in CODE_PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            digest.update(path.relative_to(ROOT).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-@functools.lru_cache(maxsize=65_536)
-def _file_hash(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fingerprint(path: str | Path) -> str | None:
-    """Content fingerprint of a file or a folder (its files' relative paths and bytes; names starting
-    with a dot, half-written temporaries, left out); None when the path is absent."""
-    path = Path(path)
-    if path.is_file():
-        stat = path.stat()
-        return _file_hash(str(path), stat.st_size, stat.st_mtime_ns)
-    if not path.is_dir():
-        return None
-    digest = hashlib.blake2b(digest_size=16)
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        relative = file.relative_to(path)
-        if any(part.startswith(".") for part in relative.parts):
-            continue
-        digest.update(relative.as_posix().encode())
-        digest.update((fingerprint(file) or "").encode())
-    return digest.hexdigest()
-
-
-def fingerprints(paths: Iterable[str | Path]) -> dict[str, str | None]:
-    return {str(p): fingerprint(p) for p in paths}
 
 
 def still_written(written: dict[str, str | None]) -> bool:

@@ -35,11 +35,10 @@ def evaluation_outputs(out: str | Path) -> list[Path]:
 def lake_identity(lake: str | Path) -> dict[str, Any]:
     """The lake as a run records it: its folder and the fingerprint of the bundle it was ingested from
     (None for a lake written without the ingest flow)."""
-    from transforms.lake import manifest_path
+    from transforms.manifest import read_manifest
 
-    manifest = manifest_path(lake)
-    fingerprint = json.loads(manifest.read_text()).get("fingerprint") if manifest.is_file() else None
-    return {"path": str(Path(lake).resolve()), "fingerprint": fingerprint}
+    manifest = read_manifest(lake, "ingest")
+    return {"path": str(Path(lake).resolve()), "fingerprint": manifest and manifest.inputs.get("raw")}
 
 
 def run_settings(lake: str | Path, simulators: Sequence[str], **settings: Any) -> dict[str, Any]:

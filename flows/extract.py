@@ -11,12 +11,10 @@ re-run asks nothing twice).
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from extractors.config import ExtractSettings
@@ -28,12 +26,15 @@ from extractors.pipeline import (
     finalize,
     kept_rows,
     record_buckets,
-    record_summary,
 )
-from flows.catalog import refresh_catalog_task
-from flows.retrying import IO_RETRIES
+from flows.staged_write import Staged, StageWrite, lake_inputs, write_staged
 from flows.unchanged_users import kept_extraction, plan_extraction, record_extraction
-from flows.validate import gate_task, staging, swap_staged
+from transforms.fingerprints import fingerprint
+from transforms.lake import table_dir
+from transforms.manifest import UsersDone
+
+#: what extraction reads of the lake beside the states it extracts from
+EXTRACTED_FROM = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
 
 
 @task(name="list-record-buckets", cache_policy=NO_CACHE)
@@ -69,15 +70,6 @@ def assemble(
     return finalize(lake, settings, [BucketReport.from_json(r) for r in reports], started, staged=staged)
 
 
-@task(name="record-extract-run", cache_policy=NO_CACHE, **IO_RETRIES)
-def record_run(lake: str, summary: dict[str, Any]) -> str:
-    """``LAKE/_runs/extract/latest.json`` (and a stamped copy) and the Prefect markdown artifact."""
-    create_markdown_artifact(
-        key="extract-summary", markdown=summary_markdown(summary), description=f"extract of {lake}"
-    )
-    return str(record_summary(lake, summary))
-
-
 @flow(name="extract", persist_result=False)  # its tasks' results stay in memory
 def extract_flow(
     lake: str, settings: ExtractSettings | None = None, states: str | None = None, reuse: bool = True
@@ -87,25 +79,29 @@ def extract_flow(
     ``states`` (rendered before any extraction). With ``states`` and ``reuse``, only the users whose
     inputs changed since the last extraction are extracted, the others keep their rows."""
     settings = settings or ExtractSettings()
-    clock = time.perf_counter()
     started = datetime.now(UTC).isoformat()
     plan = plan_extraction(lake, states, settings, reuse) if states else None
-    with staging(lake) as staged:
-        reports: list[dict[str, Any]] = []
+    read_from = {
+        **lake_inputs(lake, list(EXTRACTED_FROM)),
+        "states": fingerprint(states or table_dir(lake, "records")),
+    }
+    reports: list[dict[str, Any]] = []
+
+    def staged_answers(staged: str) -> Staged:
         carry: dict[str, Any] = {}
         replaced = plan.write_replaced(staged) if plan else None
         for bucket in list_buckets(states or lake):
             reports.append(extract_partition(lake, staged, bucket, settings, carry, states, replaced))
             carry = reports[-1]["carry"]
         summary = assemble(lake, staged, settings, reports, started)
-        gate = gate_task(lake, list(TABLES), stage="extract", staged=staged, accounting=kept_rows(summary))
-        summary["validation"] = gate["run_id"]
-        swap_staged(lake, staged)
-    if plan is not None:
-        record_extraction(lake, plan, [user for report in reports for user in report["pending_users"]])
-    refresh_catalog_task(lake)  # intents and rationales may be new tables: SQL sees them right away
-    summary["seconds"] = round(time.perf_counter() - clock, 3)
-    record_run(lake, summary)
+        users = UsersDone(**summary["users"])
+        return Staged(summary, kept_rows(summary), settings=summary["settings"], users=users)
+
+    def record_users() -> None:
+        if plan is not None:
+            record_extraction(lake, plan, [user for report in reports for user in report["pending_users"]])
+
+    summary, _ = write_staged(lake, EXTRACT, read_from, staged_answers, record_users)
     return summary
 
 
@@ -139,3 +135,6 @@ def spend_line(summary: dict[str, Any]) -> str:
     if lake_total is None:
         return line + "; lake total unknown (response cache off)"
     return line + f"; ${lake_total:.4f} for this lake in all (every answer in its response cache)"
+
+
+EXTRACT = StageWrite("extract", list(TABLES), markdown=summary_markdown)

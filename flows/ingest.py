@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.caching import fingerprint, run_stage
-from flows.catalog import refresh_catalog_task
+from flows.caching import run_stage
 from flows.retrying import IO_RETRIES
-from flows.validate import gate_task, quiet_tracebacks, staging, swap_staged
+from flows.staged_write import Staged, StageWrite, write_staged
+from flows.validate import quiet_tracebacks
 from transforms.config import IngestSettings
+from transforms.fingerprints import file_fingerprints, fingerprint
 from transforms.ingest import ingest_bundle
-from transforms.lake import manifest_path, world_path
+from transforms.lake import world_path
 from transforms.readers import BundleError
 
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
@@ -62,21 +60,6 @@ def record_world_task(raw: str, lake: str) -> bool:
     return record_world(raw, lake) is not None
 
 
-@task(name="record-run", cache_policy=NO_CACHE)
-def record_run(lake: str, summary: dict, bundle: str) -> str:
-    """Persist the run summary (with the bundle fingerprint) beside the lake."""
-    summary = {**summary, "fingerprint": bundle, "finished_at": datetime.now(UTC).isoformat()}
-    folder = manifest_path(lake).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    stamped = folder / f"{summary['finished_at'].replace(':', '-')}.json"
-    stamped.write_text(json.dumps(summary, indent=2))
-    manifest_path(lake).write_text(json.dumps(summary, indent=2))
-    create_markdown_artifact(
-        key="ingest-summary", markdown=summary_markdown(summary), description=f"ingest of {summary['raw']}"
-    )
-    return str(stamped)
-
-
 def summary_markdown(summary: dict) -> str:
     columns = ("rows_in", "rows_out", "quarantined", "duplicates", "dropped", "flagged")
     rows = "\n".join(
@@ -98,27 +81,28 @@ def ingest_bundle_flow(
     """Raw bundle (or UserArena release JSONL) -> steps, sessions, feed_layouts, items, profiles,
     history, quarantine: staged, gated, swapped in, recorded. Always ingests: whether to is the
     ingest stage's cache's decision (``ingest_flow``)."""
-    started = time.perf_counter()
     settings = settings or IngestSettings()
-    with staging(lake) as staged:
+    spec = StageWrite(
+        "ingest", list(INGESTED_TABLES), extra_outputs={"world": str(world_path(lake))},
+        gate_raw=raw if source_format == "bundle" else None, gate_settings=settings,
+        markdown=summary_markdown,
+    )  # fmt: skip
+
+    def staged_tables(staged: str) -> Staged:
         summary = ingest_tables(raw, lake, staged, settings, source_format)
-        gate = gate_task(
-            lake,
-            list(INGESTED_TABLES),
-            stage="ingest",
-            raw=raw if source_format == "bundle" else None,
-            staged=staged,
-            settings=settings,
-            accounting=summary["counts"],
-        )
-        swap_staged(lake, staged)
-    record_world_task(raw, lake)
-    refresh_catalog_task(lake)
-    summary["validation"] = {"run_id": gate["run_id"], "docs": gate["docs_index"]}
-    summary["seconds"] = round(time.perf_counter() - started, 3)
-    # the same content fingerprint the stage's cache key holds (memoized: the bundle is read once)
-    record_run(lake, summary, fingerprint(raw) or "")
+        return Staged(summary, summary["counts"], settings=summary["settings"])
+
+    summary, _ = write_staged(
+        lake, spec, bundle_inputs(raw), staged_tables, lambda: record_world_task(raw, lake)
+    )
     return summary
+
+
+def bundle_inputs(raw: str | Path) -> dict[str, str | None]:
+    """The bundle as a whole (``raw``: the fingerprint the stage's cache key holds, memoized, so the
+    bundle is read for hashing once) and each of its files (``bundle/<path>``)."""
+    files = file_fingerprints(raw) if Path(raw).is_dir() else {}
+    return {"raw": fingerprint(raw), **{f"bundle/{name}": digest for name, digest in files.items()}}
 
 
 @flow(name="ingest")

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
-from pathlib import Path
-
 import polars as pl
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.catalog import refresh_catalog_task
-from flows.chain import write_json
 from flows.retrying import IO_RETRIES
+from flows.staged_write import Staged, StageWrite, lake_inputs, write_staged
 from flows.unchanged_users import render_states
-from flows.validate import gate_task, staging, swap_staged
 from transforms.lake import recorded_settings, scan_table
+from transforms.manifest import UsersDone
 from transforms.prompts import PromptSettings
 from transforms.records import (
     MODES,
@@ -24,12 +18,11 @@ from transforms.records import (
     NothingToTrainOn,
     RecordsSummary,
     export_chat_jsonl,
-    records_summary_path,
 )
 
-
-def summary_path(lake: str | Path) -> Path:
-    return records_summary_path(lake)
+#: what the records are rendered from (the extraction's tables are optional: absent, not extracted)
+RENDERED_FROM = ["steps", "sessions", "feed_layouts", "items", "profiles", "history", "histories",
+                 "intents", "rationales"]  # fmt: skip
 
 
 @task(name="build-records", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -67,13 +60,6 @@ def export(lake: str, path: str, splits: list[str] | None, modes: list[str] | No
         return {**err.summary.model_dump(), "splits": splits, "nothing_to_train_on": str(err)}
 
 
-@task(name="record-records-run", cache_policy=NO_CACHE, **IO_RETRIES)
-def record_run(lake: str, result: dict) -> str:
-    write_json(summary_path(lake), {**result, "lake": lake, "finished_at": datetime.now(UTC).isoformat()})
-    create_markdown_artifact(key="records-summary", markdown=summary_markdown(result), description="records")
-    return str(summary_path(lake))
-
-
 def summary_markdown(result: dict) -> str:
     s = RecordsSummary(**result["records"])
     rows = "\n".join(f"| {k} | {v:,} |" for k, v in s.by_mode_split.items())
@@ -86,9 +72,10 @@ def summary_markdown(result: dict) -> str:
     ]
     if s.gold_missing:
         parts.append(f"states without a gold response (response null), by reason: {s.gold_missing}")
-    if result.get("export"):
-        parts.append(result["export"].get("nothing_to_train_on") or export_line(result["export"]))
     return "\n\n".join(parts) + "\n"
+
+
+RECORDS = StageWrite("records", ["records"], markdown=summary_markdown)
 
 
 @flow(name="records", persist_result=False)  # its tasks' results stay in memory
@@ -106,21 +93,20 @@ def records_flow(
     The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says.
     Only users whose rows changed since the last rendering are rendered again (``reuse`` False:
     every user)."""
-    started = time.perf_counter()
     settings = with_lake_geometry(lake, settings)
     modes = modes or list(MODES)
-    with staging(lake) as staged:
-        result: dict = {"records": build(lake, staged, modes, settings, chunk_states, reuse)}
+    inputs = lake_inputs(lake, RENDERED_FROM)
+
+    def staged_records(staged: str) -> Staged:
+        rendered = build(lake, staged, modes, settings, chunk_states, reuse)
         steps = scan_table(lake, "steps").select(pl.len()).collect().item()
-        kept = {"records": {"rows_in": steps, "rows_out": result["records"]["records"]}}
-        gate = gate_task(lake, ["records"], stage="records", staged=staged, accounting=kept)
-        result["validation"] = gate["run_id"]
-        swap_staged(lake, staged)
-    refresh_catalog_task(lake)
+        users = UsersDone(read=rendered["users_rendered"], reused=rendered["users_kept"])
+        return Staged({"records": rendered}, {"records": {"rows_in": steps, "rows_out": rendered["records"]}},
+                      settings=rendered["settings"], users=users)  # fmt: skip
+
+    result, _ = write_staged(lake, RECORDS, inputs, staged_records)
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)
-    result["seconds"] = round(time.perf_counter() - started, 3)
-    result["summary"] = record_run(lake, result)
     return result
 
 

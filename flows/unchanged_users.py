@@ -29,7 +29,8 @@ from transforms.increments import (
     extraction_digests,
     rendering_digests,
 )
-from transforms.lake import RUNS, STAGING, quarantine_dir, table_dir
+from transforms.lake import STAGING, quarantine_dir, table_dir
+from transforms.manifest import RUNS
 from transforms.prompts import PromptSettings
 from transforms.records import MODES, KeptRendering, RecordsSummary, write_records
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transforms.files import atomic_file
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -278,9 +280,8 @@ def write_training_curves(run_dir: Path, stage: str | None = None) -> Path | Non
 def save_png(figure: Figure, path: Path, dpi: int = 100) -> Path:
     """``figure`` as a PNG at ``path``, written under a temporary name and renamed: a reader (the
     Prefect UI, a person's viewer) never sees half a file."""
-    staging = path.with_name(f".{path.name}.tmp")
-    figure.savefig(staging, format="png", dpi=dpi)
-    staging.replace(path)
+    with atomic_file(path) as temporary:
+        figure.savefig(temporary, format="png", dpi=dpi)
     return path
 
 

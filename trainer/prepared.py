@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainer.data import StatePool
 from trainer.models import tokenizer_fingerprint
+from transforms.files import atomic_file
 
 PREPARED_FILE = "prepared.parquet"
 FINGERPRINT_KEY = b"tokenizer_fingerprint"
@@ -46,9 +47,8 @@ def save_prepared(path: Path, pool: StatePool, tokenizer: PreTrainedTokenizerBas
         )
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     table = table.replace_schema_metadata({FINGERPRINT_KEY: tokenizer_fingerprint(tokenizer).encode()})
-    staging = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, staging)
-    staging.replace(path)
+    with atomic_file(path) as temporary:
+        pq.write_table(table, temporary)
     return len(rows)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from transforms.lake import atomic_file
+from transforms.files import atomic_file
 from transforms.schemas import LAKE_TABLES
 
 WAREHOUSE = "warehouse.duckdb"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import polars as pl
 
-from transforms.lake import atomic_file, scan_table, table_dir, table_files
+from transforms.files import atomic_file
+from transforms.lake import scan_table, table_dir, table_files
 
 DIGEST_SEED = 20_240_917  # any fixed seed: digests compare only with digests of the same seed
 #: what the steps show or open: a state's prompt quotes these items

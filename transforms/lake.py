@@ -18,22 +18,20 @@ validate them there; only tables that passed are swapped into the lake.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 
 from transforms.config import IngestSettings
+from transforms.files import swap_into_place
+from transforms.manifest import read_manifest
 from transforms.schemas import LAKE_TABLES, PARTITIONED, QUARANTINE, polars_schema
 
 STAGING = ".staging"
-RUNS = "_runs"  # what the stages record beside the tables
 # Null counts only: rows lie in user-bucket and page-view-hash order, so the min/max of a row group
 # spans nearly the whole range of any column and would prune nothing (they cost a fifth of a write).
 ROW_GROUP_STATISTICS = {"min": False, "max": False, "distinct_count": False, "null_count": True}
@@ -94,31 +92,6 @@ def _write_tree(
     # maintain_order keeps each partition in the frame's own (deterministic) order: no sort needed
     for (key,), part in frame.partition_by(partition_by, as_dict=True, maintain_order=True).items():
         _write_parquet(part, schema, root / f"{partition_by}={key}" / file_name, zstd)
-
-
-@contextmanager
-def atomic_file(path: str | Path, suffix: str = "") -> Iterator[Path]:
-    """A temporary path beside ``path`` to write; renamed onto ``path`` when the block ends cleanly,
-    removed otherwise: readers see the old file or the new one, never half of one. ``suffix`` ends
-    the temporary's name for writers that read it (DuckDB's ``.duckdb``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
-    try:
-        yield temporary
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def swap_into_place(staged: Path, target: Path) -> None:
-    """Replace ``target`` by ``staged`` with two renames; the old copy is removed last."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(staged, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class StagedTable:
@@ -250,18 +223,12 @@ def read_lake_table(lake: str | Path, name: str, columns: Sequence[str] | None =
     return scan_table(lake, name, columns).collect()
 
 
-def manifest_path(lake: str | Path) -> Path:
-    """The last ingest's summary, with the settings it ran with."""
-    return Path(lake) / RUNS / "ingest" / "latest.json"
-
-
 def recorded_settings(lake: str | Path) -> IngestSettings:
     """The settings of the ingest that built ``lake``, so every later reader (gates, prompts, the
     environment) sees the lake as it was built; the key itself is never recorded (it comes from the
     environment). Defaults for a lake no ingest has recorded."""
-    path = manifest_path(lake)
-    recorded = json.loads(path.read_text()).get("settings", {}) if path.exists() else {}
-    return IngestSettings(**recorded)
+    manifest = read_manifest(lake, "ingest")
+    return IngestSettings(**((manifest and manifest.settings) or {}))
 
 
 def differing_tables(lake: str | Path, other: str | Path, names: Sequence[str]) -> dict[str, str]:

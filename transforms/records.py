@@ -16,7 +16,6 @@ Key of the table: (mode, record_id).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -30,20 +29,19 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, PrivateAttr
 
 from transforms.chain import session_order
+from transforms.files import atomic_file, swap_into_place
 from transforms.increments import empty_not_executable, files_without_users
 from transforms.lake import (
-    RUNS,
     STAGING,
-    atomic_file,
     conform,
     read_lake_table,
     recorded_settings,
     scan_table,
-    swap_into_place,
     table_dir,
     table_files,
     write_table,
 )
+from transforms.manifest import read_manifest
 from transforms.prompts.render import (
     CLOSING,
     DONE_ACTIONS,
@@ -680,18 +678,12 @@ def mark_quarantined(frame: pl.DataFrame, quarantined: pl.DataFrame | None) -> p
 # --- the lake: chunked writing and export --------------------------------------------------
 
 
-def records_summary_path(lake: str | Path) -> Path:
-    """Where the records stage records its last run (its summary, with the prompt settings it used)."""
-    return Path(lake) / RUNS / "records" / "summary.json"
-
-
 def recorded_prompt_settings(lake: str | Path) -> PromptSettings:
     """The prompt settings the lake's records were rendered with, so the evaluation shows a trained
     simulator the prompts it was trained on (window sizes, recent lists); the geometry is always the
     ingest's. Defaults for a lake whose records stage recorded none."""
-    path = records_summary_path(lake)
-    recorded = json.loads(path.read_text()).get("records", {}).get("settings", {}) if path.is_file() else {}
-    settings = PromptSettings(**recorded)
+    manifest = read_manifest(lake, "records")
+    settings = PromptSettings(**((manifest and manifest.settings) or {}))
     return settings.model_copy(update={"geometry": recorded_settings(lake).geometry})
 
 

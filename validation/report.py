@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transforms.lake import atomic_file
+from transforms.files import atomic_file
 
 RUNS_DIR = Path("_runs") / "validation"
 DOCS_DIR = Path("_docs")

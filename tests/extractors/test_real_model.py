@@ -26,6 +26,7 @@ from tests.extractors.conftest import fast_settings
 from tests.extractors.tinylake import write_sessions_lake
 from trainer.pretrained import served
 from transforms.lake import read_lake_table
+from transforms.manifest import read_manifest
 
 CLEAN = "The blouse looks soft, so I want a closer look at its fabric."
 FENCED_WITH_PROSE = f"""Here is the JSON you asked for:
@@ -210,7 +211,7 @@ def test_extract_against_served_smollm2(prefect_harness, served_smollm2, smollm2
         }
         return
     assert result.exit_code == 0, result.output
-    summary = json.loads((lake / "_runs" / "extract" / "latest.json").read_text())
+    summary = read_manifest(lake, "extract").details
 
     # every job ends ok or quarantined: nothing pending, nothing lost, nothing twice
     counts = summary["counts"]

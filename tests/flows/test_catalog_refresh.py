@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -11,12 +10,13 @@ import pytest
 
 import flows.catalog
 from extractors.config import ExtractSettings
-from flows.chain import chain_flow, summary_path
+from flows.chain import chain_flow
 from flows.extract import extract_flow
 from tests.bundles import tiny_bundle, write_bundle
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.catalog import refresh_catalog
 from transforms.ingest import ingest_bundle
+from transforms.manifest import read_manifest
 
 HOLD_OPEN = """
 import sys, duckdb
@@ -55,7 +55,7 @@ def test_chain_succeeds_while_another_process_reads_the_catalog(prefect_harness,
         assert reader.poll() is None  # still holding it when the stage has finished
     finally:
         reader.communicate("\n", timeout=60)
-    assert json.loads(summary_path(lake).read_text())["rows"] == result["rows"] == 1
+    assert read_manifest(lake, "chain").outputs["histories"].rows == result["rows"] == 1
     assert _plain(lake, "SELECT count(*) FROM histories") == [(1,)]
 
 
@@ -74,7 +74,7 @@ def test_a_catalog_that_cannot_be_rebuilt_does_not_fail_the_stage(prefect_harnes
 
     monkeypatch.setattr(flows.catalog, "refresh_catalog", disk_full)
     result = chain_flow(lake)
-    assert json.loads(summary_path(lake).read_text())["rows"] == result["rows"] == 1
+    assert read_manifest(lake, "chain").outputs["histories"].rows == result["rows"] == 1
     # the previous catalog is left whole: its views still answer, the new table is not in it yet
     assert _plain(lake, "SELECT count(*) FROM sessions") == [(1,)]
     with pytest.raises(duckdb.CatalogException):

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 from typer.testing import CliRunner
 
 from cli.app import app
 from extractors.config import ExtractSettings
 from extractors.pipeline import extract_lake
-from flows.chain import chain_flow, summary_path
+from flows.chain import chain_flow
 from flows.records import records_flow
-from flows.records import summary_path as records_summary_path
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms.catalog import query
+from transforms.fingerprints import fingerprint
 from transforms.ingest import ingest_bundle
+from transforms.manifest import read_manifest
 from transforms.prompts import PromptSettings
 
 
@@ -47,8 +46,10 @@ def test_chain_then_records_flows(prefect_harness, tmp_path):
         0,
         None,
     )
-    stored = json.loads(summary_path(lake).read_text())
-    assert stored["stats"] == stats and stored["paper"]["continuation_rate"] == 0.578
+    stored = read_manifest(lake, "chain")
+    assert stored.details["stats"] == stats and stored.details["paper"]["continuation_rate"] == 0.578
+    assert stored.inputs == {"sessions": fingerprint(f"{lake}/sessions")} and stored.read == ["sessions"]
+    assert stored.outputs["histories"].rows == 1 and chained["manifest"].endswith("_runs/chain/manifest.json")
     assert query(lake, "SELECT n_sessions FROM histories")["n_sessions"].to_list() == [2]
 
     out = tmp_path / "sft.jsonl"
@@ -56,8 +57,10 @@ def test_chain_then_records_flows(prefect_harness, tmp_path):
     before = records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
     assert before["export"]["nothing_to_train_on"].startswith("nothing to train on yet")
     # 11 single-session states + the same 11 in cross mode (the user has two sessions)
-    stored = json.loads(records_summary_path(lake).read_text())
-    assert stored["records"]["records"] == 22 and stored["export"]["left_out"] == {"rationale_missing": 22}
+    stored = read_manifest(lake, "records")
+    assert stored.details["records"]["records"] == 22 and stored.outputs["records"].rows == 22
+    assert before["export"]["left_out"] == {"rationale_missing": 22}
+    assert stored.users.read == 1 and stored.users.reused == 0  # the lake's one user, rendered
     assert not out.exists()
 
     extract_lake(lake, ExtractSettings(progress=False))  # the offline backend: every rationale accepted
@@ -67,7 +70,8 @@ def test_chain_then_records_flows(prefect_harness, tmp_path):
     assert result["export"]["left_out"] == {} and result["records"]["gold_missing"] == {}
     views = query(lake, "SELECT mode, count(*) AS n FROM records GROUP BY mode ORDER BY mode")
     assert views.rows() == [("cross", 11), ("single", 11)]
-    assert json.loads(records_summary_path(lake).read_text())["records"]["records"] == 22
+    again = read_manifest(lake, "records")
+    assert again.details["records"]["records"] == 22 and again.inputs["rationales"] is not None
 
 
 def test_export_before_extraction_exits_non_zero(prefect_harness, tmp_path):

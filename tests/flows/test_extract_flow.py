@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import polars as pl
@@ -15,6 +14,7 @@ from extractors.fakeserver import FakeOpenAIServer, status
 from flows.extract import extract_flow
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.lake import read_lake_table
+from transforms.manifest import read_manifest
 
 
 def test_flow_offline_default(prefect_harness, tmp_path):
@@ -23,9 +23,11 @@ def test_flow_offline_default(prefect_harness, tmp_path):
     # 4 train trajectories and 19 actions, all extracted by the rules, nothing sent anywhere
     assert summary["counts"]["intents"]["ok"] == 4 and summary["counts"]["rationales"]["ok"] == 19
     assert summary["backend"] == "heuristic" and summary["requests"] == 0 and summary["balanced"]
-    manifest = json.loads((lake.path / "_runs" / "extract" / "latest.json").read_text())
-    assert manifest["counts"] == summary["counts"]
+    manifest = read_manifest(lake.path, "extract")
     records, rationales = (read_lake_table(lake.path, t) for t in ("records", "rationales"))
+    assert manifest.details["counts"] == summary["counts"] and manifest.users.reused == 0
+    assert manifest.users.read == records["user_id"].n_unique()  # no earlier run: every user read
+    assert manifest.outputs["rationales"].rows == 19 and manifest.outputs["intents"].rows == 4
     assert set(rationales["record_id"]) == set(records["record_id"])  # one per recorded action
 
 

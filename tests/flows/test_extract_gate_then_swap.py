@@ -20,6 +20,7 @@ from flows.extract import extract_flow
 from tests.extractors.tinylake import write_tiny_lake
 from tests.flows.test_gate_then_swap import lake_files
 from transforms.lake import STAGING, read_lake_table
+from transforms.manifest import read_manifest
 
 runner = CliRunner()
 RATIONALES, INTENTS = 19, 4  # the tiny lake's jobs (tests/extractors/tinylake.py)
@@ -102,8 +103,11 @@ def test_after_a_stopped_gate_a_good_extraction_is_in_place_and_in_the_catalog(e
     assert catalog_count(lake, "SELECT count(*) FROM intents WHERE backend = 'openai'") == INTENTS
     missing = "SELECT count(*) FROM records WHERE record_id NOT IN (SELECT record_id FROM rationales)"
     assert catalog_count(lake, missing) == 0
-    latest = json.loads((lake / "_runs" / "extract" / "latest.json").read_text())
-    gate = json.loads((lake / "_runs" / "validation" / latest["validation"] / "summary.json").read_text())
+    manifest = read_manifest(lake, "extract")
+    latest = manifest.details
+    gate = json.loads(
+        (lake / "_runs" / "validation" / manifest.validation["run_id"] / "summary.json").read_text()
+    )
     assert latest["backend"] == "openai" and gate["stage"] == "extract" and gate["ok"]
     assert latest["counts"]["rationales"] == {
         "jobs": RATIONALES,

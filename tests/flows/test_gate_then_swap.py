@@ -4,7 +4,6 @@ previous lake byte for byte, and the CLI prints one paragraph naming the table, 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -127,13 +126,15 @@ def test_a_toml_scroll_limit_is_honoured_by_alignment_gate_and_prompts(prefect_h
 
 
 def test_later_stages_read_the_settings_the_lake_was_ingested_with(tmp_path):
-    from transforms.lake import manifest_path, recorded_settings
+    from transforms.lake import recorded_settings
+    from transforms.manifest import new_manifest, write_manifest
 
     assert recorded_settings(tmp_path) == IngestSettings(), "a lake no ingest recorded: the defaults"
     used = IngestSettings(action_map={"favourite": "ipv_cart"}, split_ratios=(0.5, 0.25, 0.25), buckets=2)
-    manifest_path(tmp_path).parent.mkdir(parents=True)
-    manifest_path(tmp_path).write_text(
-        json.dumps({"settings": used.model_dump(mode="json", exclude={"rekey_key"})})
+    write_manifest(
+        new_manifest(
+            tmp_path, "ingest", 1.0, {}, {}, settings=used.model_dump(mode="json", exclude={"rekey_key"})
+        )
     )
     recorded = recorded_settings(tmp_path)
     assert recorded.action_map == {"favourite": "ipv_cart"} and recorded.split_ratios == (0.5, 0.25, 0.25)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
-from flows.ingest import ingest_flow, manifest_path
+from flows.ingest import ingest_flow
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.catalog import query
+from transforms.fingerprints import fingerprint
 from transforms.lake import read_lake_table
+from transforms.manifest import manifest_path, read_manifest
 
 
 def test_ingest_flow_writes_lake_catalog_and_summary(prefect_harness, tmp_path):
@@ -25,8 +25,19 @@ def test_ingest_flow_writes_lake_catalog_and_summary(prefect_harness, tmp_path):
     }
     assert read_lake_table(lake, "steps").height == 9
     assert query(lake, "SELECT count(*) AS n FROM sessions")["n"][0] == 1
-    recorded = json.loads(manifest_path(lake).read_text())
-    assert recorded["fingerprint"] and "rekey_key" not in recorded["settings"]
+    recorded = read_manifest(lake, "ingest")
+    assert recorded.inputs["raw"] == fingerprint(tmp_path / "raw") and "rekey_key" not in recorded.settings
+    files = {name for name in recorded.inputs if name.startswith("bundle/")}
+    assert files == {
+        f"bundle/{p.relative_to(tmp_path / 'raw').as_posix()}"
+        for p in (tmp_path / "raw").rglob("*")
+        if p.is_file()
+    }
+    assert recorded.read == list(recorded.inputs) and recorded.reused == []
+    assert recorded.outputs["steps"].rows == 9 and recorded.outputs["sessions"].rows == 1
+    assert recorded.outputs["steps"].hash == fingerprint(lake / "steps")
+    assert recorded.validation["run_id"] == summary["validation"]["run_id"]
+    assert summary["manifest"] == str(manifest_path(lake, "ingest"))
 
 
 def test_ingest_flow_is_a_no_op_on_an_unchanged_bundle(prefect_harness, tmp_path):

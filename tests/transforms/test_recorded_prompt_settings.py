@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 from evaluation.executable import lake_environment
 from transforms.config import Geometry, IngestSettings
-from transforms.lake import manifest_path
+from transforms.manifest import new_manifest, write_manifest
 from transforms.prompts import PromptSettings
-from transforms.records import recorded_prompt_settings, records_summary_path
+from transforms.records import recorded_prompt_settings
 
 
 def test_the_records_window_and_the_ingest_geometry_are_what_the_evaluation_renders(tmp_path):
     # a lake whose ingest used a 700 px viewport and whose records showed 3 past steps and 5 clicks
-    manifest = manifest_path(tmp_path)
-    manifest.parent.mkdir(parents=True)
-    geometry = Geometry(feed_viewport=700.0)
-    manifest.write_text(json.dumps({"settings": IngestSettings(geometry=geometry).model_dump(mode="json")}))
+    ingested = IngestSettings(geometry=Geometry(feed_viewport=700.0)).model_dump(mode="json")
+    write_manifest(new_manifest(tmp_path, "ingest", 1.0, {}, {}, settings=ingested))
     shown = PromptSettings(window_single=3, recent_clicks=5)  # rendered with the default geometry
-    summary = records_summary_path(tmp_path)
-    summary.parent.mkdir(parents=True)
-    summary.write_text(json.dumps({"records": {"settings": shown.model_dump(mode="json")}}))
+    write_manifest(new_manifest(tmp_path, "records", 1.0, {}, {}, settings=shown.model_dump(mode="json")))
     settings = recorded_prompt_settings(tmp_path)
     assert (settings.window_single, settings.recent_clicks, settings.window_cross) == (3, 5, 20)
     assert settings.geometry.feed_viewport == 700.0  # the ingest's, whatever the records run says
