@@ -303,15 +303,29 @@ def sql(
 
 
 def serve(
-    raw: Annotated[Path, typer.Option("--raw", help="raw log bundle the nightly run ingests")],
+    raw: Annotated[
+        Path | None, typer.Option("--raw", help="raw log bundle the nightly run ingests (role dataset, all)")
+    ] = None,
     lake: LakeOption = DEFAULT_LAKE,
     cron: Annotated[str, typer.Option("--cron", help="schedule of the nightly run (UTC)")] = "0 2 * * *",
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role",
+            help="dataset: the nightly run and on-demand validation; gpu: train-sft, train-optd and evaluate "
+            "for a main job's hand-off ([main_job] hand_off_to = 'served'); all: both",
+        ),
+    ] = "dataset",
 ) -> None:
-    """Serve the pipeline's deployments (nightly run + on-demand validation) from this process."""
+    """Serve deployments from this process: the pipeline's (nightly run + on-demand validation) and, on a
+    GPU machine, the training and evaluation a main job hands off."""
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
-    if not raw.is_dir():
+    roles = ("dataset", "gpu", "all")
+    if role not in roles:
+        raise InputError(f"--role {role!r} is none of {', '.join(roles)}")
+    if role != "gpu" and (raw is None or not raw.is_dir()):
         raise InputError(f"--raw {raw} is not a folder: the nightly run ingests the raw log bundle in it")
     check_writable_folder(lake, "--lake")
     try:
@@ -320,4 +334,4 @@ def serve(
         raise InputError(f"--cron {cron!r} is not a cron schedule (five fields, e.g. '0 2 * * *')") from None
     from flows.deployments import serve_deployments
 
-    serve_deployments(str(raw.resolve()), str(lake.resolve()), cron)
+    serve_deployments(role, str(raw.resolve()) if raw else None, str(lake.resolve()), cron)

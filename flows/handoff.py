@@ -15,6 +15,14 @@ from prefect.deployments import run_deployment
 TRAIN_SFT_DEPLOYMENT = "train/train-sft"
 TRAIN_OPTD_DEPLOYMENT = "train/train-optd"
 EVALUATE_DEPLOYMENT = "evaluate/evaluate"
+#: the same stages served from a GPU machine's own process (``trajforge serve --role gpu``)
+SERVED_TRAIN_SFT = "train/train-sft-served"
+SERVED_TRAIN_OPTD = "train/train-optd-served"
+SERVED_EVALUATE = "evaluate/evaluate-served"
+HAND_OFF_TO = {
+    "pool": (TRAIN_SFT_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, EVALUATE_DEPLOYMENT),
+    "served": (SERVED_TRAIN_SFT, SERVED_TRAIN_OPTD, SERVED_EVALUATE),
+}
 
 
 class HandOffFailed(RuntimeError):

@@ -11,14 +11,14 @@ every value can be changed in the run's TOML (``[train]``, ``[optd]``, ``[main_j
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow
 from pydantic import BaseModel, Field
 
 from extractors.config import ExtractSettings
 from flows.caching import run_stage
-from flows.handoff import EVALUATE_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, TRAIN_SFT_DEPLOYMENT
+from flows.handoff import HAND_OFF_TO
 from flows.pipeline import pipeline_flow
 from flows.stages import evaluate_stage, synthesise_stage, train_stage
 from trainer.config import OPTDSettings, TrainSettings, optd_settings
@@ -80,6 +80,11 @@ class MainJobSettings(BaseModel):
         description="train and evaluate on the gpu pool: run_deployment of train/train-sft, train/train-optd "
         "and evaluate/evaluate (prefect.yaml), awaited; False: in this process",
     )
+    hand_off_to: Literal["pool", "served"] = Field(
+        "pool",
+        description="whose deployments take the hand-off: the gpu work pool's (prefect.yaml) or those "
+        "`trajforge serve --role gpu` serves (train-sft-served, train-optd-served, evaluate-served)",
+    )
 
 
 def demo_records(values: dict[str, Any] | None = None) -> PromptSettings:
@@ -118,8 +123,7 @@ def main_job_flow(
     raw, lake = str(root / "raw"), str(root / "lake")
     synthesised = run_stage(synthesise_stage, lake, raw=raw, users=users, seed=seed)
     dataset = pipeline_flow(raw, lake, settings=settings, extract=extract, records=records or demo_records())
-    sft, distil, judge = ((TRAIN_SFT_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, EVALUATE_DEPLOYMENT) if job.hand_off
-                          else (None, None, None))  # fmt: skip
+    sft, distil, judge = HAND_OFF_TO[job.hand_off_to] if job.hand_off else (None, None, None)
     teacher = run_stage(train_stage, lake, lake=lake, out=str(root / "train" / "sft"), stage="sft", base=None,
                         settings=train or demo_training(), deployment=sft)  # fmt: skip
     checkpoint = run_stage(train_stage, lake, lake=lake, out=str(root / "train" / "optd"), stage="optd",

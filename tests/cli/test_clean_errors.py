@@ -312,3 +312,5 @@ def test_serve_refuses_a_missing_bundle_an_unwritable_lake_and_a_bad_schedule(tm
     one_line(runner.invoke(app, ["serve", "--raw", str(raw), "--lake", str(lake)]), 1, f"--lake {lake}")
     bad = ["serve", "--raw", str(raw), "--lake", str(tmp_path / "lake"), "--cron", "nightly"]
     one_line(runner.invoke(app, bad), 1, "--cron 'nightly' is not a cron schedule")
+    one_line(runner.invoke(app, ["serve", "--role", "trainer"]), 1, "--role 'trainer' is none of")
+    one_line(runner.invoke(app, ["serve", "--role", "all"]), 1, "--raw None is not a folder")

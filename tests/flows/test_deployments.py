@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from flows.deployments import deployments
-from flows.handoff import EVALUATE_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, TRAIN_SFT_DEPLOYMENT
+from flows.deployments import deployments, served
+from flows.handoff import EVALUATE_DEPLOYMENT, HAND_OFF_TO, TRAIN_OPTD_DEPLOYMENT, TRAIN_SFT_DEPLOYMENT
+from flows.main_job import MainJobSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,10 +44,29 @@ def test_served_names_never_overwrite_the_work_pool_deployments():
         "flows/evaluate.py:evaluate_flow": "evaluate",
     }
     declared = {(flow_of[d["entrypoint"]], d["name"]) for d in spec["deployments"]}
-    served = {(d.flow_name, d.name) for d in deployments("/logs", "/lake")}
-    assert {flow for flow, _ in served} == {"pipeline", "validate"}
+    from_process = {(d.flow_name, d.name) for d in served("all", "/logs", "/lake", None)}
+    assert {flow for flow, _ in from_process} == {"pipeline", "validate", "train", "evaluate"}
     assert {flow for flow, _ in declared} == {"pipeline", "validate", "train", "abtest", "evaluate"}
-    assert served.isdisjoint(declared)
+    assert from_process.isdisjoint(declared)
+
+
+def test_the_gpu_role_serves_what_a_served_hand_off_runs():
+    gpu = served("gpu", None, "/lake", None)
+    names = [f"{d.flow_name}/{d.name}" for d in gpu]
+    assert names == list(HAND_OFF_TO["served"])  # train-sft, train-optd, evaluate, as the main job names them
+    assert [d.parameters for d in gpu] == [
+        {"lake": "/lake", "stage": "sft"},
+        {"lake": "/lake", "stage": "optd"},
+        {"lake": "/lake"},
+    ]
+    assert all(d.schedules == [] for d in gpu)  # run when a main job hands work over, never on a clock
+    assert MainJobSettings().hand_off_to == "pool" and HAND_OFF_TO["pool"] == (
+        TRAIN_SFT_DEPLOYMENT, TRAIN_OPTD_DEPLOYMENT, EVALUATE_DEPLOYMENT,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="raw bundle"):
+        served("dataset", None, "/lake", None)
+    with pytest.raises(ValueError, match="none of"):
+        served("trainer", None, "/lake", None)
 
 
 def test_the_main_jobs_hand_off_names_gpu_pool_deployments_that_bake_no_local_path():
