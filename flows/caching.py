@@ -85,6 +85,10 @@ class StageOutcome:
         return {"seconds": round(self.seconds, 2), "reused": self.reused}
 
 
+def records_in(folder: Path) -> set[Path]:
+    return set(folder.iterdir()) if folder.is_dir() else set()
+
+
 def run_stage(stage: Task, lake: str | Path, refresh: bool = False, /, **parameters: Any) -> StageOutcome:
     """Run ``stage`` (a ``cached_stage`` task) with ``parameters``, or return its cached summary when
     the key matches and its outputs are as it wrote them; ``refresh`` runs it whatever the cache holds.
@@ -96,7 +100,15 @@ def run_stage(stage: Task, lake: str | Path, refresh: bool = False, /, **paramet
     valid = not refresh and store.exists(key) and still_written(store.read(key).result["written"])
     # a path, not a block: Prefect keeps unsaved blocks out of task options
     configured = stage.with_options(result_storage=folder, refresh_cache=not valid)
+    before = records_in(folder)
     state = configured(**parameters, return_state=True)
+    if state.is_failed():
+        error = state.result(raise_on_failure=False)
+        # Prefect persists a failed run's exception beside the results: the cache keeps only results
+        for record in records_in(folder) - before:
+            record.unlink(missing_ok=True)
+        if isinstance(error, BaseException):
+            raise error
     result = state.result()
     reused = state.name == "Cached"
     if reused:

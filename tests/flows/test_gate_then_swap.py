@@ -21,9 +21,9 @@ from transforms.lake import STAGING, read_lake_table
 from validation.report import GateError
 
 runner = CliRunner()
-# every gate run, a stopped one too, leaves its report here; everything else is the lake proper
-# the gate's run reports, and Prefect's result records of the stage (a stopped stage records its error)
-RUN_REPORTS = ("_runs/validation/", "_docs/", "_cache/")
+# every gate run, a stopped one too, leaves its report here; everything else is the lake proper, the
+# stages' Prefect cache included (a stopped stage leaves no record of its error there)
+RUN_REPORTS = ("_runs/validation/", "_docs/")
 
 
 def lake_files(lake: Path) -> dict[str, str]:
