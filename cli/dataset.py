@@ -216,7 +216,7 @@ def extract(
     the gold responses); exit 1 if the validation gate stops the run (the lake keeps its previous
     tables)."""
     from extractors.config import ExtractSettings
-    from flows.extract import extract_flow
+    from flows.extract import extract_stages_flow
 
     settings = load_settings(
         ExtractSettings,
@@ -233,7 +233,7 @@ def extract(
     )
     check_lake(lake, ["records"])  # before the flow: a missing lake is one line, not a traceback
     # a stopped gate (GateError) is one of the command line's clean stops: one line, exit code 1
-    summary = extract_flow(str(Path(lake).resolve()), settings=settings)
+    summary = extract_stages_flow(str(Path(lake).resolve()), settings=settings)
     print_extract_summary(console, summary)
     console.print(f"next: trajforge records --lake {lake}   (renders them into the gold responses)")
 

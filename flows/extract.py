@@ -105,6 +105,28 @@ def extract_flow(
     return summary
 
 
+@flow(name="extract-stages")
+def extract_stages_flow(lake: str, settings: ExtractSettings | None = None) -> dict[str, Any]:
+    """Extraction as the pipeline runs it, for a lake that has been extracted before: its records'
+    history windows carry the earlier rationales, so the states are rendered again as before any
+    extraction (with the prompt settings the records were rendered with) and extracted from; the
+    requests are those of the first extraction, answered from its cache. A lake never extracted, or
+    one without the tables the states are rendered from, is extracted from its records as they are.
+    Both stages are served from Prefect's cache when nothing
+    they read changed (``skipped``)."""
+    from flows.caching import run_stage
+    from flows.stages import extract_stage, extraction_states_stage
+    from transforms.records import recorded_prompt_settings
+
+    renderable = all(table_dir(lake, name).exists() for name in [*EXTRACTED_FROM, "histories"])
+    if not (renderable and table_dir(lake, "rationales").exists()):
+        return {**extract_flow(lake, settings=settings), "skipped": False}
+    prompts = recorded_prompt_settings(lake)
+    run_stage(extraction_states_stage, lake, lake=lake, settings=prompts, reuse=True)
+    outcome = run_stage(extract_stage, lake, lake=lake, settings=settings, reuse=True)
+    return {**outcome.summary, "skipped": outcome.reused}
+
+
 def summary_markdown(summary: dict[str, Any]) -> str:
     kinds = "\n".join(
         f"| {k} | {c['jobs']} | {c['ok']} | {c['quarantined']} | {c['pending']} |"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import polars as pl
@@ -12,6 +13,8 @@ from cli.dataset import extract
 from extractors.config import ExtractSettings
 from extractors.fakeserver import FakeOpenAIServer, status
 from flows.extract import extract_flow
+from flows.pipeline import pipeline_flow
+from tests.bundles import tiny_bundle, write_bundle
 from tests.extractors.tinylake import write_tiny_lake
 from transforms.lake import read_lake_table
 from transforms.manifest import read_manifest
@@ -55,3 +58,32 @@ def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypa
     assert rationales.height == 19 and set(rationales["backend"]) == {"openai"}
     assert not [p for p in lake.path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert read_lake_table(lake.path, "intents").filter(pl.col("mode") == "cross").height == 1
+
+
+def test_a_lake_extracted_before_is_extracted_again_from_states_without_its_rationales(
+    prefect_harness, tmp_path, monkeypatch
+):
+    write_bundle(tiny_bundle(), tmp_path / "raw")
+    lake = tmp_path / "lake"
+    pipeline_flow(str(tmp_path / "raw"), str(lake))  # the offline rules extract; the records show them
+    earlier = [r for r in read_lake_table(lake, "rationales")["rationale"].to_list() if r]
+    prompts = "\n".join(read_lake_table(lake, "records", ["prompt"])["prompt"].to_list())
+    assert any(r in prompts for r in earlier), "the records' history windows carry the earlier rationales"
+    monkeypatch.setenv("FLOW_TEST_KEY", "sk-test")
+    for name, value in {"REQUEST_TIMEOUT_S": "10", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
+        monkeypatch.setenv(f"TRAJFORGE_EXTRACT_{name}", value)
+    app = typer.Typer()
+    app.command()(extract)
+    app.callback()(lambda: None)
+    with FakeOpenAIServer() as server:
+        args = ["extract", "--lake", str(lake), "--backend", "openai", "--base-url", server.base_url]
+        result = CliRunner().invoke(app, [*args, "--model", "served-model", "--api-key-env", "FLOW_TEST_KEY"])
+        sent = [json.dumps(r.body) for r in server.chat_requests()]
+    assert result.exit_code == 0, result.output
+    assert (
+        sent
+        and len(sent) == read_lake_table(lake, "rationales").height + read_lake_table(lake, "intents").height
+    )
+    # what the extractor is shown is the states as before any extraction: no earlier rationale in it
+    assert not [r for r in earlier if any(json.dumps(r)[1:-1] in body for body in sent)]
+    assert set(read_lake_table(lake, "rationales")["backend"]) == {"openai"}
