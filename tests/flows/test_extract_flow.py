@@ -34,16 +34,22 @@ def test_flow_offline_default(prefect_harness, tmp_path):
     assert set(rationales["record_id"]) == set(records["record_id"])  # one per recorded action
 
 
-def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypatch):
-    lake = write_tiny_lake(tmp_path / "lake")
-    secret = "sk-flow-" + os.urandom(8).hex()
-    monkeypatch.setenv("FLOW_TEST_KEY", secret)
+def extract_command(monkeypatch, key: str) -> typer.Typer:
+    """``trajforge extract`` registered as cli/app.py registers it, with the key in ``FLOW_TEST_KEY`` and
+    short timeouts."""
+    monkeypatch.setenv("FLOW_TEST_KEY", key)
     for name, value in {"REQUEST_TIMEOUT_S": "10", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
         monkeypatch.setenv(f"TRAJFORGE_EXTRACT_{name}", value)
-    # registered as cli/app.py registers it
     app = typer.Typer()
     app.command()(extract)
     app.callback()(lambda: None)
+    return app
+
+
+def test_cli_command_runs_the_openai_backend(prefect_harness, tmp_path, monkeypatch):
+    lake = write_tiny_lake(tmp_path / "lake")
+    secret = "sk-flow-" + os.urandom(8).hex()
+    app = extract_command(monkeypatch, secret)
     with FakeOpenAIServer() as server:
         server.enqueue(status(500))  # one transient failure, retried
         args = ["extract", "--lake", str(lake.path), "--backend", "openai", "--base-url", server.base_url]
@@ -69,12 +75,7 @@ def test_a_lake_extracted_before_is_extracted_again_from_states_without_its_rati
     earlier = [r for r in read_lake_table(lake, "rationales")["rationale"].to_list() if r]
     prompts = "\n".join(read_lake_table(lake, "records", ["prompt"])["prompt"].to_list())
     assert any(r in prompts for r in earlier), "the records' history windows carry the earlier rationales"
-    monkeypatch.setenv("FLOW_TEST_KEY", "sk-test")
-    for name, value in {"REQUEST_TIMEOUT_S": "10", "BACKOFF_BASE_S": "0.01", "PROGRESS": "false"}.items():
-        monkeypatch.setenv(f"TRAJFORGE_EXTRACT_{name}", value)
-    app = typer.Typer()
-    app.command()(extract)
-    app.callback()(lambda: None)
+    app = extract_command(monkeypatch, "sk-test")
     with FakeOpenAIServer() as server:
         args = ["extract", "--lake", str(lake), "--backend", "openai", "--base-url", server.base_url]
         result = CliRunner().invoke(app, [*args, "--model", "served-model", "--api-key-env", "FLOW_TEST_KEY"])
