@@ -5,13 +5,17 @@ Per table:
 
 1. ``<table>.schema``: stored Parquet columns and Arrow types against the
    declared schema (a frame of one row per column, validated by GE).
-2. ``<table>``: the data, loaded with Polars, helper columns computed over the
-   whole table, then converted to Arrow-backed pandas in batches of
-   ``batch_rows`` and validated by GE batch by batch; counts and failing row
-   numbers are combined across batches (``mostly`` is judged on the totals).
+2. ``<table>``: the data, read frame by frame (``LakeTableReader``: a partitioned table one
+   user bucket at a time, so the helpers over a session see all of it; any other table by
+   Parquet batches), helper columns computed per frame, then converted to Arrow-backed pandas
+   in batches of ``batch_rows`` and validated by GE batch by batch; counts and failing row
+   numbers are combined across frames and batches (``mostly`` is judged on the totals). Key
+   uniqueness, the one check across frames, comes from a DuckDB aggregate over the table's
+   files. Memory is bounded by a frame, not by the table.
 
 Raw tables are read chunk by chunk through ``transforms.readers.read_tables`` (memory bounded by a
 chunk); their key uniqueness is judged on the whole table from a first pass of key hashes.
+Routed rows are moved and the table rewritten frame by frame too.
 
 A stage's gate reads its tables from the stage's staging folder (``staged``), before they replace
 the lake's, and first checks what the stage lost (``loss_outcomes``): nothing kept from a non-empty
@@ -26,6 +30,7 @@ rows out + quarantined. Results JSON and Data Docs are written in both cases.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import time
 import uuid
@@ -40,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from transforms.config import IngestSettings
-from transforms.lake import table_dir, table_files, write_quarantine, write_table
+from transforms.lake import StagedTable, table_dir, table_files, write_quarantine
 from transforms.schemas import LAKE_TABLES, QUARANTINE, RAW_TABLES, polars_schema
 from validation.report import (
     DOCS_DIR,
@@ -56,19 +61,13 @@ from validation.report import (
 from validation.suites import RAW_ID_COLUMNS, TableSuite, all_suites, schema_suite
 
 BATCH_ROWS = 200_000
+FRAME_ROWS = 1_000_000  # rows of a lake table in memory at once (GE sees them BATCH_ROWS at a time)
+DUCKDB_MEMORY = "1GB"  # the key-uniqueness aggregate spills to disk beyond this
 ROW, FILE, FILE_ROW = "__gate_row", "__gate_file", "__gate_file_row"
 
 
 def quarantine_stage(table: str) -> str:
     return f"validate-{table}"
-
-
-@dataclass
-class Loaded:
-    """A table ready for GE: declared columns (maybe a subset), helpers, locators, ``ROW``."""
-
-    frame: pl.DataFrame
-    full: bool  # every declared column loaded (needed to rewrite the table)
 
 
 # --- schema -------------------------------------------------------------------
@@ -117,24 +116,91 @@ def _needed(suite: TableSuite) -> list[str]:
     return [n for n in suite.schema.names if n in wanted]
 
 
-def load_lake_table(lake: Path, suite: TableSuite, files: Sequence[Path]) -> Loaded:
-    full = any(c.level == "row" for c in suite.checks)
-    columns = suite.schema.names if full else _needed(suite)
-    parts = [
-        pl.read_parquet(path, columns=columns, hive_partitioning=False).with_columns(
-            pl.lit(path.relative_to(lake).as_posix()).alias(FILE),
-            pl.int_range(pl.len(), dtype=pl.Int64).alias(FILE_ROW),
+class LakeTableReader:
+    """A lake table as frames of at most about ``frame_rows`` rows, each row with its file and row
+    locator. A suite whose helpers look across a session (``whole_sessions``) gets whole sessions:
+    a partitioned table's user bucket at a time (a session never straddles buckets), split by a hash
+    of the session id into as many frames as its size needs; any other table comes in Parquet batches.
+    Every pass yields the same frames in the same order, so row numbers (``ROW``) agree between passes."""
+
+    def __init__(self, root: Path, suite: TableSuite, files: Sequence[Path], frame_rows: int) -> None:
+        self.root, self.suite, self.frame_rows = root, suite, frame_rows
+        self.full = any(c.level == "row" for c in suite.checks)  # rows can be routed: keep every column
+        self.columns = suite.schema.names if self.full else _needed(suite)
+        self.files = sorted(files, key=lambda f: f.relative_to(root).as_posix())
+
+    def _located(self, frame: pl.LazyFrame | pl.DataFrame, path: Path) -> pl.LazyFrame | pl.DataFrame:
+        return frame.with_row_index(FILE_ROW).with_columns(
+            pl.col(FILE_ROW).cast(pl.Int64), pl.lit(path.relative_to(self.root).as_posix()).alias(FILE)
         )
-        for path in files
-    ]
-    return Loaded(pl.concat(parts, how="vertical_relaxed"), full)
+
+    def _scan(self, path: Path) -> pl.LazyFrame:
+        return pl.scan_parquet(path, hive_partitioning=False).select(self.columns)
+
+    def frames(self) -> Iterator[pl.DataFrame]:
+        if self.suite.whole_sessions:
+            yield from self._session_frames()
+            return
+        for path in self.files:
+            first = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=self.frame_rows, columns=self.columns):
+                frame = self._located(pl.from_arrow(batch), path)
+                yield frame.with_columns(pl.col(FILE_ROW) + first)
+                first += frame.height
+            if first == 0:  # a file of no rows still carries the table's schema to the checks
+                yield self._located(
+                    pl.read_parquet(path, columns=self.columns, hive_partitioning=False), path
+                )
+
+    def _session_frames(self) -> Iterator[pl.DataFrame]:
+        for _, grouped in itertools.groupby(self.files, key=lambda f: f.parent):
+            files = list(grouped)
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+            parts = max(1, -(-rows // self.frame_rows))
+            scans = [
+                self._located(pl.scan_parquet(f, hive_partitioning=False).select(self.columns), f)
+                for f in files
+            ]
+            for part in range(parts):
+                chosen = pl.col("session_id").hash(KEY_SEED) % parts == part
+                yield pl.concat([scan.filter(chosen) for scan in scans], how="vertical_relaxed").collect()
+
+    def prepared(self, unique: Sequence[pl.Expr]) -> Iterator[pl.DataFrame]:
+        """The frames with the suite's helpers and ``ROW`` numbered over the whole table."""
+        rows = 0
+        for frame in self.frames():
+            yield with_check_columns(self.suite, frame, rows, unique)
+            rows += frame.height
 
 
-def load_raw_table(frame: pl.DataFrame) -> Loaded:
+def duplicated_key_hashes(files: Sequence[Path], suite: TableSuite) -> pl.Series:
+    """``key_hash`` of every key that occurs more than once in the table, by a DuckDB aggregate over
+    its files (bounded memory: DuckDB spills to disk past its limit)."""
+    import duckdb
+
+    keys = list(suite.keys)
+    quoted = ", ".join(f'"{k}"' for k in keys)
+    with duckdb.connect() as con:
+        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
+        every = con.read_parquet([str(f) for f in files], hive_partitioning=False)
+        repeated = every.aggregate(f"{quoted}, count(*) AS n", quoted).filter("n > 1").select(quoted).pl()
+    declared = polars_schema(suite.schema)
+    typed = repeated.select(pl.col(k).cast(declared[k]) for k in keys)
+    return typed.select(key_hash(keys)).to_series()
+
+
+def unique_helper(files: Sequence[Path], suite: TableSuite) -> list[pl.Expr]:
+    """``_key_unique`` judged on the whole table, for a table read in frames."""
+    if not suite.keys:
+        return []
+    repeated = duplicated_key_hashes(files, suite)
+    return [~key_hash(suite.keys).is_in(repeated.implode()).alias("_key_unique")]
+
+
+def located_raw_rows(frame: pl.DataFrame) -> pl.DataFrame:
     """A raw table as read by transforms.readers, its locators renamed (``with_check_columns`` drops
     raw ids)."""
-    located = frame.rename({"_file": FILE, "_row": FILE_ROW}) if "_file" in frame.columns else frame
-    return Loaded(located, full=False)
+    return frame.rename({"_file": FILE, "_row": FILE_ROW}) if "_file" in frame.columns else frame
 
 
 def with_check_columns(
@@ -257,13 +323,13 @@ def _reasons(suite: TableSuite, outcomes: list[CheckOutcome]) -> pl.DataFrame:
 def route(
     lake: Path,
     suite: TableSuite,
-    frame: pl.DataFrame,
+    reader: LakeTableReader,
     outcomes: list[CheckOutcome],
     replace: bool,
     target: Path,
 ) -> int:
     """Move rows failing row-level warn checks to quarantine; rewrite the table under ``target`` (the
-    lake, or the stage's staging folder). Returns rows moved."""
+    lake, or the stage's staging folder) frame by frame. Returns rows moved."""
     tags = _reasons(suite, outcomes)
     stage = quarantine_stage(suite.table)
     existing = table_dir(lake, "quarantine") / f"stage={stage}"
@@ -275,20 +341,32 @@ def route(
             write_quarantine(target, stage, polars_schema(QUARANTINE).to_frame().drop("stage"))
         return 0
     declared = suite.schema.names
-    rejected = frame.join(tags, on=ROW, how="inner")
-    rows = rejected.select(
-        pl.lit(suite.table).alias("table_name"),
-        pl.col(FILE).alias("source_file"),
-        pl.col(FILE_ROW).alias("source_row"),
-        "reason",
-        "detail",
-        pl.struct(declared).struct.json_encode().alias("payload"),
-        pl.lit(False).alias("kept"),
-    )
-    if not replace and existing.exists():
-        rows = pl.concat([pl.read_parquet(existing, hive_partitioning=False).select(rows.columns), rows])
-    write_table(target, suite.table, frame.join(tags, on=ROW, how="anti").select(declared))
-    write_quarantine(target, stage, rows)
+    rewritten = StagedTable(target, suite.table, schema=suite.schema)
+    moved: list[pl.DataFrame] = []
+    try:
+        rows = 0
+        for number, frame in enumerate(reader.frames()):
+            numbered = frame.with_row_index(ROW, offset=rows)
+            rows += frame.height
+            rejected = numbered.join(tags, on=ROW, how="inner")
+            moved.append(rejected.select(
+                pl.lit(suite.table).alias("table_name"),
+                pl.col(FILE).alias("source_file"),
+                pl.col(FILE_ROW).alias("source_row"),
+                "reason",
+                "detail",
+                pl.struct(declared).struct.json_encode().alias("payload"),
+                pl.lit(False).alias("kept"),
+            ))  # fmt: skip
+            rewritten.add(numbered.join(tags, on=ROW, how="anti").select(declared), number)
+        quarantined = pl.concat(moved)
+        if not replace and existing.exists():
+            earlier = pl.read_parquet(existing, hive_partitioning=False).select(quarantined.columns)
+            quarantined = pl.concat([earlier, quarantined])
+        rewritten.commit()
+    finally:
+        rewritten.discard()
+    write_quarantine(target, stage, quarantined)
     return tags.height
 
 
@@ -363,7 +441,7 @@ def loss_outcomes(
 @dataclass
 class TableVerdict:
     suite: TableSuite
-    loaded: Loaded | None
+    reader: LakeTableReader | None  # a lake table's rows, read again when rows are routed
     outcomes: list[CheckOutcome]
     report: TableReport
 
@@ -378,10 +456,11 @@ class Gate:
         settings: IngestSettings | None,
         batch_rows: int,
         staged: Path | None = None,
+        frame_rows: int = FRAME_ROWS,
     ) -> None:
         from validation.ge import Runner
 
-        self.lake, self.stage, self.batch_rows = lake, stage, batch_rows
+        self.lake, self.stage, self.batch_rows, self.frame_rows = lake, stage, batch_rows, frame_rows
         # the tables validated (and rewritten by routing) live here; run files and docs go to the lake
         self.source = staged if staged is not None else lake
         self.suites = all_suites(settings)
@@ -411,18 +490,20 @@ class Gate:
         outcomes = self._run(schema, with_check_columns(schema, schema_frame(suite.schema, files)))
         if any(o.stops for o in outcomes):
             return self._record(TableVerdict(suite, None, outcomes, report))
-        loaded = load_lake_table(self.source, suite, files)
-        frame = with_check_columns(suite, loaded.frame)
-        report.rows_in = report.rows_out = frame.height
-        return self._record(TableVerdict(suite, Loaded(frame, loaded.full), self._run(suite, frame), report))
+        reader = LakeTableReader(self.source, suite, files, self.frame_rows)
+        outcomes, rows = self._run_frames(suite, reader.prepared(unique_helper(files, suite)))
+        report.rows_in = report.rows_out = rows
+        return self._record(TableVerdict(suite, reader, outcomes, report))
 
-    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
-        """A raw table chunk by chunk (each chunk prepared with ``with_check_columns``'s global row numbers);
-        counts are combined over all chunks, examples taken from the chunks they lie in."""
+    def _run_frames(
+        self, suite: TableSuite, frames: Iterable[pl.DataFrame]
+    ) -> tuple[list[CheckOutcome], int]:
+        """A table frame by frame (each prepared with ``with_check_columns``'s global row numbers): counts
+        combined over all frames, examples taken from the frames they lie in; one frame in memory."""
         results: list[Any] = []
         examples: dict[str, list[dict[str, Any]]] = {}
         rows = 0
-        for frame in chunks:
+        for frame in frames:
             part = self.runner.validate(suite, batches(suite, frame, self.batch_rows), first=len(results))
             found = combine(suite, part)
             for o in found:
@@ -433,13 +514,18 @@ class Gate:
                 kept += o.examples[: EXAMPLES - len(kept)]
             results += part
             rows += frame.height
-        if not results:
-            return None  # nothing readable: the ingest's quarantine has every row
         self.results += [r.to_json_dict() for r in results]
-        outcomes = combine(suite, results)
+        outcomes = combine(suite, results) if results else []
         for o in outcomes:
             o.examples = [] if o.success else examples.get(o.check, [])
         self.summary.outcomes += outcomes
+        return outcomes, rows
+
+    def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
+        """A raw table chunk by chunk; None when no chunk was readable."""
+        outcomes, rows = self._run_frames(suite, chunks)
+        if not outcomes:
+            return None  # nothing readable: the ingest's quarantine has every row
         report = TableReport(suite.name, suite.name, suite.version, rows, rows)
         return self._record(TableVerdict(suite, None, outcomes, report))
 
@@ -462,11 +548,11 @@ class Gate:
 
     def route_all(self, replace: bool) -> None:
         for c in self.checked:
-            if c.loaded is None or c.suite.raw:
+            if c.reader is None or c.suite.raw:
                 continue
-            if not c.loaded.full and any(o.routes for o in c.outcomes):
+            if not c.reader.full and any(o.routes for o in c.outcomes):
                 raise AssertionError(f"{c.suite.name}: row-level checks need every column loaded")
-            moved = route(self.lake, c.suite, c.loaded.frame, c.outcomes, replace, self.source)
+            moved = route(self.lake, c.suite, c.reader, c.outcomes, replace, self.source)
             c.report.quarantined, c.report.rows_out = moved, c.report.rows_in - moved
 
     def finish(self, started: float, docs: bool) -> GateSummary:
@@ -511,7 +597,7 @@ class RawBundle:
 
         for chunk in read_tables(self.root, [table], self.unit, self.pseudonymize, self.chunk_rows):
             if chunk.frame.width and chunk.frame.height:
-                yield load_raw_table(chunk.frame).frame
+                yield located_raw_rows(chunk.frame)
 
     def duplicated_keys(self, keys: Sequence[str], table: str) -> pl.Series:
         """Hashes of the keys that occur more than once in the whole table."""
@@ -538,6 +624,7 @@ def run_gate(
     raw: str | Path | None = None,
     settings: IngestSettings | None = None,
     batch_rows: int = BATCH_ROWS,
+    frame_rows: int = FRAME_ROWS,
     docs: bool = True,
     staged: str | Path | None = None,
     accounting: dict[str, dict[str, int]] | None = None,
@@ -548,6 +635,8 @@ def run_gate(
     ``replace_quarantine``: the calling stage has just rewritten these tables, so the
     gate's earlier quarantine rows for them are replaced; on-demand runs append.
     ``docs=False`` skips rendering Data Docs (throwaway lakes in tests).
+    ``frame_rows``: about how many rows of a lake table are in memory at once (``LakeTableReader``);
+    GE validates them ``batch_rows`` at a time.
     ``staged``: the stage's staging folder (``transforms.lake.Staging``): the tables are read
     (and rewritten by routing) there, while run files and Data Docs go to the lake.
     ``accounting``: the stage's rows per input table (``rows_in``, ``rows_out``, ``quarantined``),
@@ -562,7 +651,7 @@ def run_gate(
     if unknown:
         known = ", ".join(n for n in LAKE_TABLES if n in all_suites(settings))
         raise ValueError(f"no validation suite for {', '.join(unknown)}; tables with suites: {known}")
-    gate = Gate(lake, stage, settings, batch_rows, source)
+    gate = Gate(lake, stage, settings, batch_rows, source, frame_rows)
     settings = settings or IngestSettings()
     if accounting is not None:
         reasons = lost_reasons(source, stage)

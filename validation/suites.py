@@ -84,7 +84,8 @@ class Check:
 
 @dataclass(frozen=True)
 class Helper:
-    """A boolean (or flattened) column computed with Polars over the whole table."""
+    """A boolean (or flattened) column computed with Polars over one frame of a table: a partitioned
+    table's user bucket, so an expression over a session sees the whole session."""
 
     name: str
     build: Callable[[], pl.Expr]
@@ -102,6 +103,8 @@ class TableSuite:
     raw: bool = False
     doc: str = ""
     shown: tuple[str, ...] = ()  # columns every failing example shows, besides keys and checked ones
+    # a helper looks across the rows of a session: the gate reads the table in frames of whole sessions
+    whole_sessions: bool = False
     version: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -312,7 +315,16 @@ def steps_suite(settings: IngestSettings) -> TableSuite:
         _split_known(),
         between("bucket_non_negative", "bucket", "user buckets count from 0", 0),
     ]
-    return TableSuite("steps", "steps", S.STEPS, keys, tuple(checks), STEP_HELPERS, doc="one recorded action")
+    return TableSuite(
+        "steps",
+        "steps",
+        S.STEPS,
+        keys,
+        tuple(checks),
+        STEP_HELPERS,
+        doc="one recorded action",
+        whole_sessions=True,
+    )
 
 
 def sessions_suite(settings: IngestSettings) -> TableSuite:

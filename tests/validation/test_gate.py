@@ -205,6 +205,49 @@ def test_row_level_warnings_route_rows_and_keep_the_identity(tmp_path: Path):
     assert not table_files(lake, "quarantine"), "stale gate rejects of the old table are gone"
 
 
+def test_rows_routed_from_several_frames_keep_their_locators_and_the_identity(tmp_path: Path):
+    lake = _history_with_two_bad_rows(tmp_path)
+    # one row per frame: the two bad rows are found, moved and located in frames of their own
+    summary = run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False, frame_rows=1)
+    report = summary.tables["history"]
+    assert (report.rows_in, report.rows_out, report.quarantined) == (3, 1, 2)
+    moved = read_lake_table(lake, "quarantine").sort("source_row")
+    assert moved["source_row"].to_list() == [1, 2]
+    assert moved["reason"].to_list() == ["expectation:kind_known", "expectation:ts_plausible"]
+    kept = read_lake_table(lake, "history")
+    assert kept.equals(lakes.frames()["history"].slice(0, 1).select(kept.columns))
+
+
+def test_a_key_repeated_in_two_buckets_is_found_though_each_bucket_is_read_alone(tmp_path: Path):
+    frames = lakes.frames()
+    steps = frames["steps"]
+    stray = steps.filter((pl.col("session_id") == "s2") & (pl.col("step") == 0)).with_columns(
+        bucket=pl.lit(0)
+    )
+    lake = lakes.write_lake(tmp_path, {"steps": pl.concat([steps, stray])})
+    assert len({p.parent.name for p in table_files(lake, "steps")}) == 2, "the copies lie in two buckets"
+    with pytest.raises(GateError) as stop:
+        run_gate(lake, ["steps"], docs=False)
+    unique = next(o for o in stop.value.summary.outcomes if o.check == "key_unique")
+    assert (unique.evaluated, unique.unexpected) == (steps.height + 1, 2)
+    assert sorted(e["_at"].split("/")[1] for e in unique.examples) == ["bucket=0", "bucket=1"]
+
+
+def test_steps_read_in_frames_of_whole_sessions_judge_each_session_whole(tmp_path: Path):
+    lake = lakes.write_lake(tmp_path)
+    # frames of about 2 rows: each bucket's sessions are split by hash, never a session itself, so the
+    # checks that read a whole session (contiguous steps, time order, end last) still pass
+    summary = run_gate(lake, ["steps"], docs=False, frame_rows=2, batch_rows=2)
+    assert summary.ok and summary.tables["steps"].rows_in == lakes.frames()["steps"].height
+    frames = lakes.frames()
+    steps = frames["steps"].filter(~((pl.col("session_id") == "s1") & (pl.col("step") == 2)))
+    gap = lakes.write_lake(tmp_path / "gap", {"steps": steps})  # s1 loses its step 2
+    with pytest.raises(GateError) as stop:
+        run_gate(gap, ["steps"], docs=False, frame_rows=2, batch_rows=2)
+    contiguous = next(o for o in stop.value.summary.outcomes if o.check == "step_contiguous")
+    assert contiguous.unexpected == 3  # s1's steps 3, 4, 5 are no longer at their rank
+
+
 def test_mostly_is_judged_on_all_batches(tmp_path: Path):
     frames = lakes.frames()
     profiles = frames["profiles"].with_columns(
