@@ -141,6 +141,18 @@ class LakeTableReader:
         if self.suite.whole_sessions:
             yield from self._session_frames()
             return
+        packed: list[pl.DataFrame] = []  # small files' batches share a frame: one GE run, not one a file
+        packed_rows = 0
+        for batch in self._batches():
+            if packed and packed_rows + batch.height > self.frame_rows:
+                yield pl.concat(packed, how="vertical_relaxed")
+                packed, packed_rows = [], 0
+            packed.append(batch)
+            packed_rows += batch.height
+        if packed:
+            yield pl.concat(packed, how="vertical_relaxed")
+
+    def _batches(self) -> Iterator[pl.DataFrame]:
         for path in self.files:
             first = 0
             for batch in pq.ParquetFile(path).iter_batches(batch_size=self.frame_rows, columns=self.columns):
@@ -148,22 +160,35 @@ class LakeTableReader:
                 yield frame.with_columns(pl.col(FILE_ROW) + first)
                 first += frame.height
             if first == 0:  # a file of no rows still carries the table's schema to the checks
-                yield self._located(
-                    pl.read_parquet(path, columns=self.columns, hive_partitioning=False), path
-                )
+                yield self._located(self._scan(path).collect(), path)
 
     def _session_frames(self) -> Iterator[pl.DataFrame]:
+        """Buckets packed together up to ``frame_rows`` (one GE run per frame, not per bucket); a bucket
+        bigger than that alone, split by session hash."""
+        packed: list[Path] = []
+        packed_rows = 0
         for _, grouped in itertools.groupby(self.files, key=lambda f: f.parent):
             files = list(grouped)
             rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-            parts = max(1, -(-rows // self.frame_rows))
-            scans = [
-                self._located(pl.scan_parquet(f, hive_partitioning=False).select(self.columns), f)
-                for f in files
-            ]
-            for part in range(parts):
-                chosen = pl.col("session_id").hash(KEY_SEED) % parts == part
-                yield pl.concat([scan.filter(chosen) for scan in scans], how="vertical_relaxed").collect()
+            if packed and packed_rows + rows > self.frame_rows:
+                yield self._whole_files(packed)
+                packed, packed_rows = [], 0
+            if rows > self.frame_rows:
+                yield from self._split_sessions(files, -(-rows // self.frame_rows))
+                continue
+            packed += files
+            packed_rows += rows
+        if packed:
+            yield self._whole_files(packed)
+
+    def _whole_files(self, files: list[Path]) -> pl.DataFrame:
+        return pl.concat([self._located(self._scan(f), f) for f in files], how="vertical_relaxed").collect()
+
+    def _split_sessions(self, files: list[Path], parts: int) -> Iterator[pl.DataFrame]:
+        scans = [self._located(self._scan(f), f) for f in files]
+        for part in range(parts):
+            chosen = pl.col("session_id").hash(KEY_SEED) % parts == part
+            yield pl.concat([scan.filter(chosen) for scan in scans], how="vertical_relaxed").collect()
 
     def prepared(self, unique: Sequence[pl.Expr]) -> Iterator[pl.DataFrame]:
         """The frames with the suite's helpers and ``ROW`` numbered over the whole table."""
