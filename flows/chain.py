@@ -7,7 +7,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.retrying import IO_RETRIES
-from flows.staged_write import Staged, StageWrite, lake_inputs, write_staged
+from flows.staged_write import Staged, StageWrite, write_staged
+from flows.stages import tables
 from transforms.chain import PAPER, ChainStats, chain, chain_stats, stats_markdown
 from transforms.lake import scan_table, table_dir, write_table
 
@@ -43,6 +44,7 @@ def staged_histories(lake: str, staged: str) -> Staged:
 @flow(name="chain", persist_result=False)  # its tasks' results stay in memory
 def chain_flow(lake: str) -> dict:
     """sessions -> histories (one row per user) + statistics summary."""
-    inputs = lake_inputs(lake, ["sessions"])
-    details, _ = write_staged(lake, CHAIN, inputs, lambda staged: staged_histories(lake, staged))
+    details = write_staged(
+        lake, CHAIN, tables(lake, ["sessions"]), lambda staged: staged_histories(lake, staged)
+    )
     return {**details, "lake": lake}

@@ -27,14 +27,14 @@ from extractors.pipeline import (
     kept_rows,
     record_buckets,
 )
-from flows.staged_write import Staged, StageWrite, lake_inputs, write_staged
+from flows.caching import run_stage
+from flows.staged_write import Staged, StageWrite, write_staged
+from flows.stages import INGESTED, extract_stage, extraction_states_stage, tables
 from flows.unchanged_users import kept_extraction, plan_extraction, record_extraction
 from transforms.fingerprints import fingerprint
 from transforms.lake import table_dir
 from transforms.manifest import UsersDone
-
-#: what extraction reads of the lake beside the states it extracts from
-EXTRACTED_FROM = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
+from transforms.records import recorded_prompt_settings
 
 
 @task(name="list-record-buckets", cache_policy=NO_CACHE)
@@ -82,7 +82,7 @@ def extract_flow(
     started = datetime.now(UTC).isoformat()
     plan = plan_extraction(lake, states, settings, reuse) if states else None
     read_from = {
-        **lake_inputs(lake, list(EXTRACTED_FROM)),
+        **tables(lake, INGESTED),
         "states": fingerprint(states or table_dir(lake, "records")),
     }
     reports: list[dict[str, Any]] = []
@@ -101,7 +101,7 @@ def extract_flow(
         if plan is not None:
             record_extraction(lake, plan, [user for report in reports for user in report["pending_users"]])
 
-    summary, _ = write_staged(lake, EXTRACT, read_from, staged_answers, record_users)
+    summary = write_staged(lake, EXTRACT, read_from, staged_answers, record_users)
     return summary
 
 
@@ -112,13 +112,8 @@ def extract_stages_flow(lake: str, settings: ExtractSettings | None = None) -> d
     extraction (with the prompt settings the records were rendered with) and extracted from; the
     requests are those of the first extraction, answered from its cache. A lake never extracted, or
     one without the tables the states are rendered from, is extracted from its records as they are.
-    Both stages are served from Prefect's cache when nothing
-    they read changed (``skipped``)."""
-    from flows.caching import run_stage
-    from flows.stages import extract_stage, extraction_states_stage
-    from transforms.records import recorded_prompt_settings
-
-    renderable = all(table_dir(lake, name).exists() for name in [*EXTRACTED_FROM, "histories"])
+    Both stages are served from Prefect's cache when nothing they read changed (``skipped``)."""
+    renderable = all(table_dir(lake, name).exists() for name in [*INGESTED, "histories"])
     if not (renderable and table_dir(lake, "rationales").exists()):
         return {**extract_flow(lake, settings=settings), "skipped": False}
     prompts = recorded_prompt_settings(lake)

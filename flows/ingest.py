@@ -92,7 +92,7 @@ def ingest_bundle_flow(
         summary = ingest_tables(raw, lake, staged, settings, source_format)
         return Staged(summary, summary["counts"], settings=summary["settings"])
 
-    summary, _ = write_staged(
+    summary = write_staged(
         lake, spec, bundle_inputs(raw), staged_tables, lambda: record_world_task(raw, lake)
     )
     return summary

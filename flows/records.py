@@ -7,7 +7,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.retrying import IO_RETRIES
-from flows.staged_write import Staged, StageWrite, lake_inputs, write_staged
+from flows.staged_write import Staged, StageWrite, write_staged
+from flows.stages import EXTRACTED, INGESTED, tables
 from flows.unchanged_users import render_states
 from transforms.lake import recorded_settings, scan_table
 from transforms.manifest import UsersDone
@@ -21,8 +22,7 @@ from transforms.records import (
 )
 
 #: what the records are rendered from (the extraction's tables are optional: absent, not extracted)
-RENDERED_FROM = ["steps", "sessions", "feed_layouts", "items", "profiles", "history", "histories",
-                 "intents", "rationales"]  # fmt: skip
+RENDERED_FROM = [*INGESTED, "histories", *EXTRACTED]
 
 
 @task(name="build-records", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -95,7 +95,7 @@ def records_flow(
     every user)."""
     settings = with_lake_geometry(lake, settings)
     modes = modes or list(MODES)
-    inputs = lake_inputs(lake, RENDERED_FROM)
+    inputs = tables(lake, RENDERED_FROM)
 
     def staged_records(staged: str) -> Staged:
         rendered = build(lake, staged, modes, settings, chunk_states, reuse)
@@ -104,7 +104,7 @@ def records_flow(
         return Staged({"records": rendered}, {"records": {"rows_in": steps, "rows_out": rendered["records"]}},
                       settings=rendered["settings"], users=users)  # fmt: skip
 
-    result, _ = write_staged(lake, RECORDS, inputs, staged_records)
+    result = write_staged(lake, RECORDS, inputs, staged_records)
     if export_jsonl:
         result["export"] = export(lake, export_jsonl, export_splits, None)
     return result

@@ -19,7 +19,6 @@ from flows.catalog import refresh_catalog_task
 from flows.retrying import IO_RETRIES
 from flows.validate import gate_task, staging, swap_staged
 from transforms.config import IngestSettings
-from transforms.fingerprints import fingerprint
 from transforms.lake import quarantine_dir, table_dir
 from transforms.manifest import StageManifest, UsersDone, new_manifest, write_manifest
 
@@ -27,12 +26,12 @@ from transforms.manifest import StageManifest, UsersDone, new_manifest, write_ma
 @dataclass
 class Staged:
     """What a stage wrote into its staging folder: its own figures, the row accounting its gate checks
-    (``rows_in``/``rows_out`` per table), and what it kept of its earlier run."""
+    (``rows_in``/``rows_out`` per table), its settings, and for a stage that redoes only changed users
+    how many it read and kept."""
 
     details: dict[str, Any]
     accounting: dict[str, dict[str, int]]
     settings: dict[str, Any] | None = None
-    reused: list[str] = field(default_factory=list)
     users: UsersDone | None = None
 
 
@@ -79,11 +78,11 @@ def write_staged(
     inputs: dict[str, str | None],
     write: Callable[[str], Staged],
     after_swap: Callable[[], None] | None = None,
-) -> tuple[dict[str, Any], StageManifest]:
+) -> dict[str, Any]:
     """Stage -> gate -> swap -> catalog -> manifest. ``inputs``: what the stage reads, hashed before it
     writes; ``write(staged)`` writes the stage's tables into the staging folder ``staged``;
     ``after_swap`` runs once the tables are in place (what the stage records beside them). Returns the
-    stage's figures (with ``validation``, ``seconds`` and the ``manifest`` path) and the manifest."""
+    stage's figures, with ``validation``, ``seconds`` and the ``manifest`` path."""
     started = time.perf_counter()
     with staging(lake) as staged:
         work = write(staged)
@@ -99,13 +98,8 @@ def write_staged(
     seconds = time.perf_counter() - started
     details = {**work.details, "validation": validation, "seconds": round(seconds, 3)}
     manifest = new_manifest(
-        lake, spec.stage, seconds, inputs, outputs_of(lake, spec), reused=work.reused, users=work.users,
+        lake, spec.stage, seconds, inputs, outputs_of(lake, spec), users=work.users,
         settings=work.settings, validation=validation, details=details,
     )  # fmt: skip
     details["manifest"] = record_manifest(manifest, spec.markdown(details) if spec.markdown else None)
-    return details, manifest
-
-
-def lake_inputs(lake: str | Path, names: list[str]) -> dict[str, str | None]:
-    """The lake tables a stage reads, by name, with their content hashes."""
-    return {name: fingerprint(table_dir(lake, name)) for name in names}
+    return details

@@ -149,7 +149,28 @@ def write_manifest(manifest: StageManifest) -> Path:
     return write_json_atomic(manifest_path(manifest.lake, manifest.stage), payload)
 
 
+#: what a stage recorded before manifests: a lake with one of these and no manifest was written by an
+#: earlier trajforge, and its recorded settings cannot be read (taking the defaults would misread it)
+EARLIER_RUN_FILES = ("latest.json", "summary.json")
+
+
+class ManifestError(ValueError):
+    """A stage's run record cannot be read as a manifest."""
+
+
 def read_manifest(lake: str | Path, stage: str) -> StageManifest | None:
     """The last run's manifest of ``stage`` in ``lake``; None when that stage has not run there."""
     path = manifest_path(lake, stage)
-    return StageManifest.model_validate_json(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        earlier = [path.parent / name for name in EARLIER_RUN_FILES if (path.parent / name).is_file()]
+        if earlier:
+            raise ManifestError(
+                f"{earlier[0]} was recorded by an earlier trajforge, which wrote no {MANIFEST_FILE}: "
+                f"run the {stage} stage again (or the pipeline with force) to record its manifest"
+            )
+        return None
+    try:
+        return StageManifest.model_validate_json(path.read_text())
+    except ValueError as err:
+        raise ManifestError(f"{path} is not a stage manifest ({err.__class__.__name__}): run the "
+                            f"{stage} stage again to rewrite it") from None  # fmt: skip

@@ -119,8 +119,9 @@ def _needed(suite: TableSuite) -> list[str]:
 class LakeTableReader:
     """A lake table as frames of at most about ``frame_rows`` rows, each row with its file and row
     locator. A suite whose helpers look across a session (``whole_sessions``) gets whole sessions:
-    a partitioned table's user bucket at a time (a session never straddles buckets), split by a hash
-    of the session id into as many frames as its size needs; any other table comes in Parquet batches.
+    whole user buckets packed together (a session never straddles buckets), a bucket bigger than a
+    frame split by a hash of the session id; any other table comes in Parquet batches, small files'
+    batches packed together.
     Every pass yields the same frames in the same order, so row numbers (``ROW``) agree between passes."""
 
     def __init__(self, root: Path, suite: TableSuite, files: Sequence[Path], frame_rows: int) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import polars as pl
+import pytest
 
 from transforms.fingerprints import fingerprint
 from transforms.manifest import (
+    ManifestError,
     StageManifest,
     UsersDone,
     manifest_path,
@@ -76,3 +78,16 @@ def test_parquet_rows_counts_every_file_from_its_footer(tmp_path):
     two_file_table(tmp_path / "t")
     expected = pl.scan_parquet(tmp_path / "t" / "**" / "*.parquet").select(pl.len()).collect().item()
     assert parquet_rows(tmp_path / "t") == expected == 5
+
+
+def test_a_lake_recorded_by_an_earlier_layout_or_a_broken_manifest_is_one_clear_error(tmp_path):
+    earlier = tmp_path / "old" / "_runs" / "ingest" / "latest.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text(json.dumps({"settings": {"buckets": 8}}))  # settings the defaults would misread
+    with pytest.raises(ManifestError, match=r"earlier trajforge.*run the ingest stage again"):
+        read_manifest(tmp_path / "old", "ingest")
+    broken = manifest_path(tmp_path / "new", "chain")
+    broken.parent.mkdir(parents=True)
+    broken.write_text('{"stage": "chain"')
+    with pytest.raises(ManifestError, match="is not a stage manifest"):
+        read_manifest(tmp_path / "new", "chain")
