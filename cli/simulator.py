@@ -75,6 +75,7 @@ def train(
     """Train the simulator on the lake's records: SFT warm-up (sft) or on-policy distillation (optd)."""
     from flows.train import StageNotAvailable, summary_markdown, train_alongside, train_flow
     from trainer.config import TrainSettings, optd_settings
+    from trainer.distributed import shutdown
     from trainer.run_folder import check_run_folder
 
     stage = StageName(stage).value  # type: ignore[assignment]
@@ -88,6 +89,7 @@ def train(
             train_alongside(stage, lake, out, base, settings, resume, overwrite)  # type: ignore[arg-type]
         except (FileNotFoundError, ValueError):
             raise typer.Exit(1) from None  # rank 0 meets the same error and says it
+        shutdown()
         return
     started = time.perf_counter()
     try:
@@ -110,6 +112,7 @@ def train(
             resume=resume,
             overwrite=overwrite,
         )
+        shutdown()  # under torchrun: with the other ranks, once the run's model is gone
     except (StageNotAvailable, FileNotFoundError, ValueError) as err:
         console.print(f"[red]stopped:[/red] {escape(str(err))}", soft_wrap=True)
         raise typer.Exit(1) from None

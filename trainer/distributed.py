@@ -10,6 +10,7 @@ Only torch is imported: the module runs on a machine without the data stack.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -189,9 +190,17 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def shutdown(world: World) -> None:
-    """Leave the process group together: a rank that tears it down while another is still finishing
-    a collective (the last gradient all-reduce) can leave that rank waiting for ever."""
-    if world.active and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def shutdown() -> None:
+    """Leave the process group together, once the run's models and optimizers are no longer referenced.
+
+    The barrier: a rank that tears the group down while another is still in a collective (the last
+    gradient all-reduce) can leave that rank waiting for ever. The collection: a wrapped model's reference
+    cycles (FSDP2's hooks and DTensors) keep gloo's work objects, and the tensors they hold, alive; left
+    to the interpreter's finalization their destruction aborts a process whose run has finished
+    (``terminate called without an active exception``).
+    """
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()

@@ -25,7 +25,7 @@ def one_update(out: Path, strategy: str) -> dict[str, dict[str, torch.Tensor]]:
     from tests.trainer.conftest import TINY
     from tests.trainer.test_optd import lake_rows
     from trainer.data import RecordText, StatePool
-    from trainer.distributed import full_tensor, init_world, shutdown, wrap
+    from trainer.distributed import full_tensor, init_world, wrap
     from trainer.loop import PhaseTimer, Trainer, adam, schedule
     from trainer.models import build_tiny_model, train_tokenizer
     from trainer.objective import ObjectiveSettings
@@ -78,7 +78,6 @@ def one_update(out: Path, strategy: str) -> dict[str, dict[str, torch.Tensor]]:
     params = {name: full_tensor(p).detach().clone() for name, p in student.named_parameters()}
     if world.is_main and world.active:
         torch.save(params, out)
-    shutdown(world)
     return {"initial": initial, "updated": params}
 
 
@@ -97,4 +96,7 @@ def test_two_gloo_ranks_make_the_single_process_update(strategy, tmp_path):
 
 
 if __name__ == "__main__":
+    from trainer.distributed import shutdown
+
     one_update(Path(sys.argv[1]), sys.argv[2])
+    shutdown()  # after the update's model is unreferenced: see shutdown

@@ -69,7 +69,7 @@ def uneven_forwards(out: Path, rank: int) -> None:
 def work(lake: Path, base: Path, out: Path, part: str) -> None:
     """``first``: the uneven forwards, then per strategy the uninterrupted run into OUT/STRATEGY/whole
     and the first update of the interrupted one into OUT/STRATEGY/parts; ``rest``: those resumed."""
-    from trainer.distributed import init_world, shutdown
+    from trainer.distributed import init_world
 
     world = init_world()
     if part == "first":
@@ -81,7 +81,6 @@ def work(lake: Path, base: Path, out: Path, part: str) -> None:
             run_optd(optd, lake, out / strategy / "parts", base, stop_after=1, progress=False)
         else:
             run_optd(optd, lake, out / strategy / "parts", base, resume=True, progress=False)
-    shutdown(world)
 
 
 @pytest.fixture(scope="module")
@@ -178,4 +177,7 @@ def test_one_process_refuses_to_resume_a_two_rank_checkpoint(runs, lake, base):
 
 
 if __name__ == "__main__":
+    from trainer.distributed import shutdown
+
     work(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
+    shutdown()

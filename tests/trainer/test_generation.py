@@ -297,7 +297,7 @@ def fsdp_worker(out: Path) -> None:
     """One rank: shard a tiny model with FSDP2, sync it into the stand-in engine, save what was loaded."""
     from torch.distributed.tensor import DTensor
 
-    from trainer.distributed import init_world, shard_fully, shutdown
+    from trainer.distributed import init_world, shard_fully
     from trainer.optd import HiddenStates
 
     torch.set_num_threads(1)
@@ -319,7 +319,6 @@ def fsdp_worker(out: Path) -> None:
         {"sharded": sharded, "backend": backend, "whole": whole, "loaded": loaded},
         out / f"rank{world.rank}.pt",
     )
-    shutdown(world)
 
 
 # --- randomness ------------------------------------------------------------------------------------
@@ -452,4 +451,7 @@ def test_a_resumed_vllm_run_sends_what_an_uninterrupted_one_sends(engine_module,
 
 
 if __name__ == "__main__":
+    from trainer.distributed import shutdown
+
     fsdp_worker(Path(sys.argv[1]))
+    shutdown()

@@ -63,9 +63,6 @@ def work(lake: Path, out: Path, part: str) -> None:
     """``first``: per strategy, two float64 updates into OUT/STRATEGY/same, then in float32 the
     uninterrupted run into OUT/STRATEGY/whole and the first update of the interrupted one into
     OUT/STRATEGY/parts; ``rest``: those resumed."""
-    from trainer.distributed import init_world, shutdown
-
-    world = init_world()
     for strategy in STATES:
         train = settings(strategy)
         if part == "first":
@@ -75,7 +72,6 @@ def work(lake: Path, out: Path, part: str) -> None:
             run_sft(train, lake, out / strategy / "parts", stop_after=1, progress=False)
         else:
             run_sft(train, lake, out / strategy / "parts", resume=True, progress=False)
-    shutdown(world)
 
 
 @pytest.fixture(scope="module")
@@ -236,4 +232,7 @@ def test_optd_reads_the_strategy_from_train_unless_its_own_section_sets_one():
 
 
 if __name__ == "__main__":
+    from trainer.distributed import shutdown
+
     work(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+    shutdown()
