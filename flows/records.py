@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.retrying import IO_RETRIES
-from flows.staged_write import Staged, StageWrite, write_staged
+from flows.staged_write import Staged, StageWrite, record_manifest, write_staged
 from flows.stages import EXTRACTED, INGESTED, tables
 from flows.unchanged_users import render_states
 from transforms.lake import recorded_settings, scan_table
-from transforms.manifest import UsersDone
+from transforms.manifest import UsersDone, new_manifest
 from transforms.prompts import PromptSettings
 from transforms.records import (
     MODES,
@@ -106,8 +108,21 @@ def records_flow(
 
     result = write_staged(lake, RECORDS, inputs, staged_records)
     if export_jsonl:
-        result["export"] = export(lake, export_jsonl, export_splits, None)
+        started = time.perf_counter()
+        result["export"] = exported = export(lake, export_jsonl, export_splits, None)
+        seconds = time.perf_counter() - started
+        exported["manifest"] = record_export(lake, export_jsonl, export_splits, exported, seconds)
     return result
+
+
+def record_export(lake: str, path: str, splits: list[str] | None, exported: dict, seconds: float) -> str:
+    """The export's manifest (``LAKE/_runs/export/``): the records it read, the JSONL file it wrote with
+    its hash, the splits chosen and the export's own figures, as every stage records its run."""
+    inputs = tables(lake, ["records"])
+    written = {"chat_jsonl": path} if "nothing_to_train_on" not in exported else {}
+    manifest = new_manifest(lake, "export", seconds, inputs, written, settings={"splits": splits},
+                            details=exported)  # fmt: skip
+    return record_manifest(manifest, None)
 
 
 def export_line(exported: dict) -> str:

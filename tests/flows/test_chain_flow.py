@@ -13,7 +13,7 @@ from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms.catalog import query
 from transforms.fingerprints import fingerprint
 from transforms.ingest import ingest_bundle
-from transforms.manifest import read_manifest
+from transforms.manifest import manifest_path, read_manifest
 from transforms.prompts import PromptSettings
 
 
@@ -62,6 +62,11 @@ def test_chain_then_records_flows(prefect_harness, tmp_path):
     assert before["export"]["left_out"] == {"rationale_missing": 22}
     assert stored.users.read == 1 and stored.users.reused == 0  # the lake's one user, rendered
     assert not out.exists()
+    refused = read_manifest(lake, "export")  # a refused export is recorded too, with nothing written
+    assert (
+        refused.outputs == {}
+        and refused.details["nothing_to_train_on"] == before["export"]["nothing_to_train_on"]
+    )
 
     extract_lake(lake, ExtractSettings(progress=False))  # the offline backend: every rationale accepted
     result = records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
@@ -72,6 +77,14 @@ def test_chain_then_records_flows(prefect_harness, tmp_path):
     assert views.rows() == [("cross", 11), ("single", 11)]
     again = read_manifest(lake, "records")
     assert again.details["records"]["records"] == 22 and again.inputs["rationales"] is not None
+    # the export's manifest: the records it read, hash for hash, and the file it wrote
+    exported = read_manifest(lake, "export")
+    assert exported.inputs == {"records": again.outputs["records"].hash} and exported.read == ["records"]
+    assert exported.outputs["chat_jsonl"].path == str(out) and exported.outputs[
+        "chat_jsonl"
+    ].hash == fingerprint(out)
+    assert exported.details["lines"] == 22 and exported.settings == {"splits": None}
+    assert result["export"]["manifest"] == str(manifest_path(lake, "export"))
 
 
 def test_export_before_extraction_exits_non_zero(prefect_harness, tmp_path):
