@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.pieces import RESPONSE_PIECES
 from trainer.sampling import SamplingSettings
 
 if TYPE_CHECKING:
@@ -27,20 +28,6 @@ if TYPE_CHECKING:
 HELD_OUT_SAMPLING = SamplingSettings(temperature=1.0, top_p=0.95, max_new_tokens=256)
 #: the reference's on-policy sampling for OPTD (OPTD.md §2)
 ROLLOUT_SAMPLING = SamplingSettings(temperature=0.8, top_p=1.0, max_new_tokens=512)
-
-
-#: the fixed pieces of a response, ``{"rationale":"...","action":{"type":"...", ...}}`` (PROTOCOL §2):
-#: as single tokens a tiny model cannot misspell them, and an action name cannot be stitched from the
-#: pieces of two others (a byte-level pre-tokenizer splits ``ipv_scroll_down`` at each underscore)
-RESPONSE_PIECES = (
-    '{"rationale":"',
-    '","action":{"type":"',
-    '","target":"',
-    '","target_item_id":"',
-    '","distance":',
-    '"}}',
-    "}}",
-)
 
 
 class TinyModelSettings(BaseModel):
@@ -66,6 +53,9 @@ class TinyModelSettings(BaseModel):
         description="strings that are one token each: the response format's fixed pieces",
     )
     action_tokens: bool = Field(True, description="every action name of the records is one token too")
+    item_id_tokens: bool = Field(
+        False, description="every catalog item id of the lake one token: a click copies one token, not 16"
+    )
     split_digits: bool = Field(
         True, description="every digit its own token: a distance or an id is copied digit by digit"
     )
@@ -74,7 +64,15 @@ class TinyModelSettings(BaseModel):
         from trainer.models import TinyModelSpec  # torch is imported by a run, not by the settings
 
         return TinyModelSpec(
-            **self.model_dump(exclude={"tokenizer_records", "whole_tokens", "action_tokens", "split_digits"})
+            **self.model_dump(
+                exclude={
+                    "tokenizer_records",
+                    "whole_tokens",
+                    "action_tokens",
+                    "item_id_tokens",
+                    "split_digits",
+                }
+            )
         )
 
 
@@ -115,6 +113,20 @@ class TrainSettings(BaseSettings):
     max_response_tokens: int = Field(256, ge=2, description="longer gold responses are dropped and counted")
     class_resampling_alpha: float | None = Field(
         None, ge=0.0, le=1.0, description="q_i ∝ n_i^alpha over action classes (RecVerse: 0.3); None: uniform"
+    )
+    screen_id_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="SFT: weight of the screen-id loss, -log of the probability that after a click's "
+        "opening the model writes one of the ids in view, on feed states whose click line lists them "
+        "(PromptSettings.click_ids, action-first responses, ids one token each): every feed state "
+        "teaches a small model to copy a card's id, not only the shopper's clicks; 0: off",
+    )
+    screen_id_states: int = Field(
+        64, ge=0, description="states drawn for the screen-id loss per update, besides the update's own"
+    )
+    screen_id_tail: int | None = Field(
+        48, ge=1, description="prompt tokens the screen-id loss reads before the click's opening (None: all)"
     )
     # --- optimisation ------------------------------------------------------------------
     steps: int = Field(40, ge=1, description="optimiser updates")

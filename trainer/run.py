@@ -85,9 +85,10 @@ from trainer.models import (
     train_tokenizer,
 )
 from trainer.optd import HiddenStates
+from trainer.pieces import ACTION_FIRST_PIECES
 from trainer.prepared import PREPARED_FILE, load_prepared, save_prepared
 from trainer.run_folder import SUMMARY_FILE, check_run_folder, start_afresh
-from trainer.sft import SFTObjective, held_out_loss, state_nll
+from trainer.sft import ScreenIdBatch, SFTObjective, held_out_loss, screen_id_batch, state_nll
 from trainer.tensorboard_log import tensorboard_mirrors
 
 if TYPE_CHECKING:
@@ -165,7 +166,10 @@ def micro_batches(
 
 
 def starting_model(
-    records: Sequence[RecordText], settings: TrainSettings, base: str | Path | None
+    records: Sequence[RecordText],
+    settings: TrainSettings,
+    base: str | Path | None,
+    lake: str | Path | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``base`` as it is, or the tiny default with a tokenizer trained on a sample of the records' texts
     (``tiny.tokenizer_records`` of them, drawn by the run's seed: the texts repeat, and a sample of a few
@@ -179,8 +183,28 @@ def starting_model(
     texts = [text for r in sample for text in (r.system, r.prompt, r.response)]
     tiny = settings.tiny
     whole = [*tiny.whole_tokens, *(sorted({r.action for r in records}) if tiny.action_tokens else [])]
+    if any(r.response.startswith('{"action":') for r in sample):
+        whole += ACTION_FIRST_PIECES
+    if tiny.item_id_tokens:
+        whole += catalog_item_ids(lake)
     tokenizer = train_tokenizer(texts, tiny.vocab_size, whole, split_digits=tiny.split_digits)
     return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
+
+
+def catalog_item_ids(lake: str | Path | None) -> list[str]:
+    """Every item id of the lake's catalog, sorted (``tiny.item_id_tokens``)."""
+    if lake is None:
+        raise ValueError("tiny.item_id_tokens needs the lake whose catalog ids become tokens")
+    import polars as pl
+
+    from transforms.lake import scan_table
+
+    return (
+        scan_table(lake, "items", ["item_id"])
+        .select(pl.col("item_id").unique().sort())
+        .collect()["item_id"]
+        .to_list()
+    )
 
 
 def settings_json(settings: TrainSettings) -> dict[str, Any]:
@@ -305,7 +329,7 @@ class TrainingRun:
     def load_model(
         self, records: Sequence[RecordText], start_from: str | Path | None
     ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-        return starting_model(records, self.settings, start_from)
+        return starting_model(records, self.settings, start_from, self.lake)
 
     def build_pool(self, records: list[RecordText]) -> StatePool:
         """SFT's pool: a share of the intent-bearing states (``teacher_intent_share``, chosen by a hash of
@@ -322,12 +346,25 @@ class TrainingRun:
         """One SFT update, its loss the mean over all ranks' states; no extra row values."""
         with timer.phase("data"):
             states = self.draw(self.settings.states_per_update)
-            batches = micro_batches(
-                self.world.shard(states), self.settings.micro_batch_states, self.tokenizer, self.device
+            batches: list[Batch | ScreenIdBatch] = list(
+                micro_batches(
+                    self.world.shard(states), self.settings.micro_batch_states, self.tokenizer, self.device
+                )
             )
-        objective = SFTObjective(self.body.head, self.vocab, last=batches[-1])
+            batches += self.screen_id_batches(states)
+        weight = self.settings.screen_id_weight
+        objective = SFTObjective(self.body.head, self.vocab, last=batches[-1], screen_id_weight=weight)
         report = self.trainer.step(batches, objective, self.world.divisor(len(states)), timer=timer)
         return with_sums_over_ranks(report, self.world, self.device), {}
+
+    def screen_id_batches(self, states: list[EncodedState]) -> list[ScreenIdBatch]:
+        """The screen-id loss's batch: the update's own states and ``screen_id_states`` more (off: none)."""
+        s = self.settings
+        if not s.screen_id_weight:
+            return []
+        drawn = self.world.shard([*states, *self.draw(s.screen_id_states)])
+        batch = screen_id_batch(drawn, self.tokenizer, s.screen_id_tail)
+        return [] if batch is None else [batch.to(self.device)]
 
     def evaluate(self) -> dict[str, Any]:
         """One eval row's values: the held-out NLL, the sampled held-out responses judged, and the probe."""

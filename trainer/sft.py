@@ -9,20 +9,25 @@ outside it, as the OPTD objective does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer.data import Batch
+from trainer.data import Batch, EncodedState
 from trainer.distributed import World, gradient_sync, sum_over_ranks, unsharded
 from trainer.loop import LossSums
 from trainer.optd import HiddenStates, response_positions
+from transforms.click_line import CLICK_ID_PREFIX, listed_click_ids
 
 Head = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]  # the LM head's weight and bias, whole
+
+
+class IdNotOneToken(ValueError):
+    """The screen-id loss needs every listed item id to be a single token."""
 
 
 def response_logits(head: Head, hidden: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -48,6 +53,69 @@ def state_nll(body: nn.Module, head: Head, batch: Batch, vocab: int) -> torch.Te
     return state_means(nll, batch.owner, batch.n_states)
 
 
+@dataclass
+class ScreenIdBatch:
+    """Feed states for the screen-id loss: each prompt's last tokens followed by a click's opening
+    (right-padded), ``last`` the position that predicts the id, ``choices`` the token of each id the
+    state's click line lists (-1: padding)."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    last: torch.Tensor  # [B]
+    choices: torch.Tensor  # [B, M]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device) -> ScreenIdBatch:
+        return ScreenIdBatch(*(t.to(device) for t in vars(self).values()))
+
+
+def one_token(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise IdNotOneToken(
+            f"item id {text!r} is {len(ids)} tokens: the screen-id loss needs each id as one token "
+            "(train the tiny model with tiny.item_id_tokens)"
+        )
+    return ids[0]
+
+
+def screen_id_batch(
+    states: Sequence[EncodedState], tokenizer: PreTrainedTokenizerBase, tail: int | None
+) -> ScreenIdBatch | None:
+    """The screen-id batch of those ``states`` whose click line lists ids; None when none does."""
+    opening = tokenizer(CLICK_ID_PREFIX, add_special_tokens=False)["input_ids"]
+    rows, choices = [], []
+    for state in states:
+        listed = listed_click_ids(state.record.prompt)
+        if listed:
+            prompt = state.prompt_ids[-tail:] if tail else state.prompt_ids
+            rows.append(prompt + opening)
+            choices.append([one_token(tokenizer, item_id) for item_id in listed])
+    if not rows:
+        return None
+    width, most = max(map(len, rows)), max(map(len, choices))
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    padded = torch.full((len(rows), most), -1, dtype=torch.long)
+    for i, (row, chosen) in enumerate(zip(rows, choices, strict=True)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention_mask[i, : len(row)] = 1
+        padded[i, : len(chosen)] = torch.tensor(chosen)
+    last = torch.tensor([len(row) - 1 for row in rows])
+    return ScreenIdBatch(input_ids, attention_mask, last, padded)
+
+
+def screen_id_nll(body: nn.Module, head: Head, batch: ScreenIdBatch, vocab: int) -> torch.Tensor:
+    """Per state, -log of the probability the model gives to any of the listed ids after the opening [B]."""
+    hidden = body(batch.input_ids, batch.attention_mask)[torch.arange(len(batch.last)), batch.last]
+    log_probs = F.log_softmax(response_logits(head, hidden, vocab), dim=-1)
+    listed = log_probs.gather(1, batch.choices.clamp(min=0)).masked_fill(batch.choices < 0, float("-inf"))
+    return -torch.logsumexp(listed, dim=1)
+
+
 def nll_sums(body: nn.Module, head: Head, batch: Batch, vocab: int) -> LossSums:
     """Sum over the batch's states of their mean response NLL (the step divides by the update's states)."""
     total = state_nll(body, head, batch, vocab).sum()
@@ -70,10 +138,14 @@ class SFTObjective:
 
     head: Head  # the student's head (gathered when sharded)
     vocab: int
-    last: Batch
+    last: Batch | ScreenIdBatch
+    screen_id_weight: float = 0.0  # each screen-id state counts as that share of a gold response's state
 
-    def __call__(self, body: nn.Module, batch: Batch) -> LossSums:
+    def __call__(self, body: nn.Module, batch: Batch | ScreenIdBatch) -> LossSums:
         gradient_sync(body, batch is self.last)
+        if isinstance(batch, ScreenIdBatch):
+            nll = screen_id_nll(body, self.head, batch, self.vocab).sum()
+            return LossSums(self.screen_id_weight * nll, {"screen_id": nll.detach()}, batch.n_tokens)
         return nll_sums(body, self.head, batch, self.vocab)
 
 

@@ -249,8 +249,14 @@ def actions_text(settings: PromptSettings) -> pl.Expr:
     feed_order = ["scroll_down", "scroll_up", "click", "end"]
     ipv_order = [a for a in order if a not in ("scroll_down", "scroll_up", "click", "end")] + ["end"]
 
+    def signature(name: str) -> pl.Expr:
+        if name == "click" and settings.click_ids:  # twin of render.click_ids_signature
+            listed = pl.col("visible_items").list.eval(json_str(pl.element())).list.join(", ")
+            return pl.concat_str(pl.lit('- click {"target_item_id": one of '), listed, pl.lit("}"))
+        return pl.lit(f"- {signatures[name]}")
+
     def listing(names: list[str]) -> pl.Expr:
-        lines = [pl.when(pl.col(f"_ok_{n}")).then(pl.lit(f"- {signatures[n]}")) for n in names]
+        lines = [pl.when(pl.col(f"_ok_{n}")).then(signature(n)) for n in names]
         return pl.concat_str(lines, separator="\n", ignore_nulls=True)
 
     return pl.when(pl.col("screen") == "feed").then(listing(feed_order)).otherwise(listing(ipv_order))
@@ -552,16 +558,22 @@ def gold_missing(quarantined: pl.Expr) -> pl.Expr:
     )
 
 
-def response_text() -> pl.Expr:
-    """Twin of ``render.response_json``: ``{"rationale": ..., "action": {...}}``, null without a gold
-    rationale: an empty rationale is never a target."""
-    response = pl.concat_str(
-        pl.lit('{"rationale":'),
-        json_str(pl.col("rationale")),
-        pl.lit(',"action":'),
-        pl.col("action_json"),
-        pl.lit("}"),
-    )
+def response_text(settings: PromptSettings) -> pl.Expr:
+    """Twin of ``render.response_json``: ``{"rationale": ..., "action": {...}}`` in the settings' key
+    order, null without a gold rationale: an empty rationale is never a target."""
+    action = pl.col("action_json")
+    if settings.click_by == "id":
+        by_id = pl.concat_str(
+            pl.lit('{"type":"click","target_item_id":'), json_str(pl.col("target_item_id")), pl.lit("}")
+        )
+        named = (pl.col("action") == "click") & pl.col("target_item_id").is_not_null()
+        action = pl.when(named).then(by_id).otherwise(action)
+    reason = json_str(pl.col("rationale"))
+    if settings.response_order == "action_first":
+        parts = [pl.lit('{"action":'), action, pl.lit(',"rationale":'), reason, pl.lit("}")]
+    else:
+        parts = [pl.lit('{"rationale":'), reason, pl.lit(',"action":'), action, pl.lit("}")]
+    response = pl.concat_str(parts)
     return pl.when(pl.col("gold_missing").is_null()).then(response)
 
 
@@ -644,14 +656,14 @@ def build_records(
     frame = frame.join(
         recent_blocks(frame, order, history, mode, s), on="session_id", how="left", maintain_order="left"
     )
-    system = system_prompt(mode, s.geometry, s.system)
+    system = system_prompt(mode, s.geometry, s.system, s.response_order)
     frame = frame.with_columns(
         pl.concat_str(pl.col("session_id"), pl.lit(":"), pl.col("step").cast(STR)).alias("record_id"),
         pl.col(trajectory).alias("trajectory_id"),
         pl.lit(mode).alias("mode"),
         pl.lit(system).alias("system"),
         prompt_text(mode, s).alias("prompt"),
-        response_text().alias("response"),
+        response_text(s).alias("response"),
         gold_executable(s).alias("_executable"),
     )
     if intents is not None:

@@ -333,7 +333,7 @@ def reference_records(
                 thought = rationales.get(record_id, "").strip() and rationales[record_id]
                 out[record_id] = (
                     render_prompt(state, settings),
-                    response_json(thought, action) if thought else None,
+                    response_json(thought, action, settings) if thought else None,
                 )
                 gap = None
                 if st["step"] == 0 and prev is not None:
@@ -384,12 +384,20 @@ def observation(st: dict, sess: dict, items: dict, done: dict, settings: PromptS
     return Observation(screen="ipv", scroll_top=st["scroll_top"], max_scroll=max_scroll, page=page)
 
 
-@pytest.mark.parametrize(("mode", "system"), [("single", "full"), ("cross", "full"), ("single", "brief")])
-def test_vectorised_builder_matches_the_renderer(mode, system):
+#: the click's line listing the ids in view, the action first, a click by its id alone
+FOR_A_SMALL_MODEL = {"click_ids": True, "response_order": "action_first", "click_by": "id"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "system", "extra"),
+    [("single", "full", {}), ("cross", "full", {}), ("single", "brief", {}), ("single", "brief", FOR_A_SMALL_MODEL),
+     ("cross", "full", FOR_A_SMALL_MODEL)],
+)  # fmt: skip
+def test_vectorised_builder_matches_the_renderer(mode, system, extra):
     world = random_world()
     settings = PromptSettings(
         window_single=4, window_cross=6, recent_clicks=3, recent_buys=2, max_reviews=2, review_chars=30,
-        system=system,
+        system=system, **extra,
     )  # fmt: skip
     # steps 0, 3, 6, ... have no rationale, odd steps of those are quarantined ones; every 4th
     # one of the rest is blank, which counts as none
@@ -425,7 +433,7 @@ def test_vectorised_builder_matches_the_renderer(mode, system):
             reason = "rationale_missing" if step % 4 == 1 else None
         assert row["gold_missing"] == reason, row["record_id"]
         assert (row["rationale"] is None) == (reason is not None)
-        assert row["system"] == system_prompt(mode, settings.geometry, system)
+        assert row["system"] == system_prompt(mode, settings.geometry, system, settings.response_order)
         assert row["token_estimate"] == token_estimate(row["system"], prompt, response or "")
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from transforms.click_line import click_ids_signature
 from transforms.config import Geometry
 from transforms.schemas import IPV_ACTIONS, PROFILE_FIELDS, SCROLL_ACTIONS
 
@@ -45,6 +46,22 @@ class PromptSettings(BaseModel):
         "full",
         description="the system turn: the reference's description of screens and actions, or a brief "
         "one (each state lists its executable actions and their arguments either way)",
+    )
+    click_ids: bool = Field(
+        False,
+        description="the click's line among the executable actions lists the ids of the cards in view, "
+        "near the prompt's end: a small model copies one of a few ids from a fixed place instead of "
+        "finding a card among the screen's lines",
+    )
+    response_order: Literal["rationale_first", "action_first"] = Field(
+        "rationale_first",
+        description="the gold response's key order (PROTOCOL §2 parses either): the reference's reason "
+        "then action, or the action first, so a click's id follows the prompt's end at a fixed distance",
+    )
+    click_by: Literal["title_and_id", "id"] = Field(
+        "title_and_id",
+        description="how a gold click names its card: title and id (the reference's), or the id alone "
+        "(the id decides either way, PROTOCOL §1)",
     )
     # the geometry the lake was ingested with (flows.records takes it from the ingest's manifest), so
     # the prompts show the viewport and scroll limits alignment used
@@ -197,9 +214,18 @@ def gold_action(
     return out
 
 
-def response_json(rationale: str | None, action: dict[str, Any]) -> str:
-    """Gold response ``{"rationale": ..., "action": {...}}`` (rationale "" until extracted)."""
-    return f'{{"rationale":{to_json(rationale or "")},"action":{to_json(action)}}}'
+def response_json(
+    rationale: str | None, action: dict[str, Any], settings: PromptSettings | None = None
+) -> str:
+    """Gold response ``{"rationale": ..., "action": {...}}`` (rationale "" until extracted), in the
+    settings' key order, a click naming its card as ``click_by`` says."""
+    s = settings or PromptSettings()
+    if s.click_by == "id" and action.get("type") == "click" and "target_item_id" in action:
+        action = {"type": "click", "target_item_id": action["target_item_id"]}
+    reason, act = to_json(rationale or ""), to_json(action)
+    if s.response_order == "action_first":
+        return f'{{"action":{act},"rationale":{reason}}}'
+    return f'{{"rationale":{reason},"action":{act}}}'
 
 
 def action_signatures(geometry: Geometry) -> dict[str, str]:
@@ -297,7 +323,7 @@ Actions (screen, arguments):
 Only the actions listed as executable in the current state are accepted.
 
 Response format: one JSON object and nothing else, with a short first-person reason:
-{{"rationale": "<why you do this>", "action": {{"type": "<action>", ...arguments}}}}"""
+{response_format}"""
 
 CROSS_NOTE = (
     " Your sessions are chained over time: the history shows steps of earlier sessions too,"
@@ -309,17 +335,46 @@ BRIEF_SYSTEM_TEMPLATE = """\
 You simulate one real shopper using a mobile shopping app: given their profile, their shopping \
 history, what they did so far and what is on the screen now, choose exactly one next action among \
 those listed as executable.{cross}
-Reply with one JSON object and nothing else: \
-{{"rationale": "<short first-person reason>", "action": {{"type": "<action>", ...arguments}}}}"""
+Reply with one JSON object and nothing else: {response_format}"""
 
 
-def system_prompt(mode: Mode = "single", geometry: Geometry | None = None, style: str = "full") -> str:
+RESPONSE_FORMATS = {
+    (
+        "full",
+        "rationale_first",
+    ): '{"rationale": "<why you do this>", "action": {"type": "<action>", ...arguments}}',
+    (
+        "full",
+        "action_first",
+    ): '{"action": {"type": "<action>", ...arguments}, "rationale": "<why you do this>"}',
+    (
+        "brief",
+        "rationale_first",
+    ): '{"rationale": "<short first-person reason>", "action": {"type": "<action>", ...arguments}}',
+    (
+        "brief",
+        "action_first",
+    ): '{"action": {"type": "<action>", ...arguments}, "rationale": "<short first-person reason>"}',
+}
+
+
+def system_prompt(
+    mode: Mode = "single",
+    geometry: Geometry | None = None,
+    style: str = "full",
+    response_order: str = "rationale_first",
+) -> str:
     """The system turn: ``full`` describes the screens and the 13 actions (the reference's); ``brief``
-    leaves the actions to each state's list of executable ones, with their arguments."""
+    leaves the actions to each state's list of executable ones, with their arguments. Either shows the
+    response's keys in ``response_order``."""
     g = geometry or Geometry()
+    response_format = RESPONSE_FORMATS[(style, response_order)]
     if style == "brief":
-        return BRIEF_SYSTEM_TEMPLATE.format(cross=CROSS_NOTE if mode == "cross" else "")
+        return BRIEF_SYSTEM_TEMPLATE.format(
+            cross=CROSS_NOTE if mode == "cross" else "", response_format=response_format
+        )
     return SYSTEM_TEMPLATE.format(
+        response_format=response_format,
         cross=CROSS_NOTE if mode == "cross" else "",
         feed_vp=g.feed_viewport,
         ipv_vp=g.ipv_viewport,
@@ -435,6 +490,8 @@ def observation_text(obs: Observation, settings: PromptSettings) -> str:
 
 def actions_text(obs: Observation, settings: PromptSettings) -> str:
     signatures = action_signatures(settings.geometry)
+    if settings.click_ids:
+        signatures["click"] = click_ids_signature([c.item_id for c in obs.cards])
     return "\n".join(f"- {signatures[name]}" for name in legal_actions(obs, settings))
 
 
@@ -468,6 +525,6 @@ def render_state(state: State, settings: PromptSettings | None = None) -> list[d
     """Chat messages [system, user] for one state: what the simulator is shown."""
     s = settings or PromptSettings()
     return [
-        {"role": "system", "content": system_prompt(state.mode, s.geometry, s.system)},
+        {"role": "system", "content": system_prompt(state.mode, s.geometry, s.system, s.response_order)},
         {"role": "user", "content": render_prompt(state, s)},
     ]
