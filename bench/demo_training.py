@@ -32,7 +32,15 @@ from trainer.config import TrainSettings, optd_settings  # noqa: E402
 from trainer.optd_run import run_optd  # noqa: E402
 from trainer.run import run_sft  # noqa: E402
 
-EVAL_KEYS = ("step", "held_out_loss", "parse_share", "executable_share", "rejected", "hit_token_cap")
+EVAL_KEYS = (
+    "step",
+    "held_out_loss",
+    "parse_share",
+    "executable_share",
+    "rejected",
+    "hit_token_cap",
+    "screen_id_mass",
+)
 
 
 def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

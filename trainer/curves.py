@@ -76,6 +76,15 @@ SHARES = Panel(
             marker="D",
             marker_size=4.5,
         ),
+        # only where the prompts list the ids in view (PromptSettings.click_ids)
+        Series(
+            "eval",
+            ("screen_id_mass",),
+            "probability of a listed id after a click's opening",
+            "#e377c2",
+            marker="s",
+            marker_size=4.5,
+        ),
     ),
     unit_interval=True,
 )

@@ -88,7 +88,15 @@ from trainer.optd import HiddenStates
 from trainer.pieces import ACTION_FIRST_PIECES
 from trainer.prepared import PREPARED_FILE, load_prepared, save_prepared
 from trainer.run_folder import SUMMARY_FILE, check_run_folder, start_afresh
-from trainer.sft import ScreenIdBatch, SFTObjective, held_out_loss, screen_id_batch, state_nll
+from trainer.sft import (
+    IdNotOneToken,
+    ScreenIdBatch,
+    SFTObjective,
+    held_out_loss,
+    screen_id_batch,
+    screen_id_nll,
+    state_nll,
+)
 from trainer.tensorboard_log import tensorboard_mirrors
 
 if TYPE_CHECKING:
@@ -372,7 +380,25 @@ class TrainingRun:
         if self.held_out:
             batches = self.held_out_batches()
             row["held_out_loss"] = held_out_loss(self.body, batches, self.vocab, self.world, self.device)
-        return row | (self.held_out_responses() or {}) | self.probe_values()
+        return row | (self.held_out_responses() or {}) | self.screen_id_values() | self.probe_values()
+
+    @torch.no_grad()
+    def screen_id_values(self) -> dict[str, float]:
+        """Where the held-out prompts list the ids in view, each one token: the mean probability the model
+        gives to writing one of them after a click's opening, reading the whole prompt (what a sampled
+        click reads). Every rank scores all of them: a few dozen states, no collective."""
+        try:
+            batches = [screen_id_batch(chunk, self.tokenizer, None) for chunk in split(self.held_out, 8)]
+        except IdNotOneToken:
+            return {}
+        batches = [b.to(self.device) for b in batches if b is not None]
+        if not batches:
+            return {}
+        self.body.eval()
+        with unsharded(self.body):
+            nll = torch.cat([screen_id_nll(self.body, self.body.head, b, self.vocab) for b in batches])
+        self.body.train()
+        return {"screen_id_mass": float(torch.exp(-nll).mean())}
 
     def probe_values(self) -> dict[str, float]:
         """The model's own gold NLL on the probe states without and with the intent in the prompt."""

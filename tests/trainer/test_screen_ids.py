@@ -110,6 +110,9 @@ def test_a_run_with_the_screen_id_loss_reports_it_and_writes_its_ids_as_one_toke
     assert len(trained) == 2 and all(r["screen_id"] > 0 for r in trained)
     # the update's loss is the responses' mean NLL plus the screen-id states' sum over the update's states
     assert all(r["loss"] == pytest.approx(r["nll"] + r["screen_id"]) for r in trained)
+    # held out, the probability of a listed id after a click's opening, the whole prompt read
+    evaluated = [r for r in rows if r["kind"] == "eval"]
+    assert evaluated and all(0 < r["screen_id_mass"] < 1 for r in evaluated)
     _, tokenizer = starting_model(records, settings, None)
     # the records write the action first: the tokenizer has that order's fixed pieces as whole tokens
     for piece in ('{"action":{"type":"', '"},"rationale":"', *IDS):
