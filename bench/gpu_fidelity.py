@@ -127,6 +127,10 @@ KEY_ORDER = [("mode", "ascending"), ("record_id", "ascending")]  # the records' 
 ARM_OF_TEACHER = {"optd_intent_teacher": "intent_teacher"}  # the rest distil from the SFT teacher
 
 
+#: a pretrained base's tokenizer writes a catalog id in several tokens, which the screen-id loss cannot score
+NO_SCREEN_ID_LOSS = {"screen_id_weight": 0.0}
+
+
 def study_sizes() -> dict[str, StudySize]:
     """The GPU study's sizes (``fidelity.StudySize``): full, and the tests' toy on CPU."""
     from fidelity import QUICK, StudySize
@@ -137,11 +141,12 @@ def study_sizes() -> dict[str, StudySize]:
         effect_users=24,
         seeds=(0,),
         resamples=200,
-        train={"lr": 5e-4, "warmup_steps": 20},
+        train={"lr": 5e-4, "warmup_steps": 20, **NO_SCREEN_ID_LOSS},
         optd={"lr": 1e-4},
         intent_teacher={"steps": 150, "teacher_intent_share": 0.5, "warmup_steps": 0, "lr": 3e-4},
     )
-    return {"full": full, "toy": replace(QUICK, sessions=4, effect_users=6, seeds=(0,))}
+    toy_train = {**QUICK.train, **NO_SCREEN_ID_LOSS}
+    return {"full": full, "toy": replace(QUICK, sessions=4, effect_users=6, seeds=(0,), train=toy_train)}
 
 
 # --- prepare (CPU) ---------------------------------------------------------------------------------------

@@ -26,31 +26,41 @@ from transforms.config import IngestSettings
 from transforms.prompts import PromptSettings
 
 #: the demo's prompts: a shorter history window and recent lists than the reference's (PROTOCOL §3) and
-#: the brief system turn, so a tiny model on two CPU cores reads ~600 tokens a state instead of ~2,000;
-#: the evaluation shows the checkpoint the same prompts (it reads them from the lake's records run)
+#: the brief system turn, so a tiny model on two CPU cores reads ~350 tokens a state instead of ~2,000;
+#: the click line lists the ids in view and the response writes its action first, a click by its id, so
+#: a click's id is a copy from a fixed place near the prompt's end (bench/RESULTS.md, "Sixth round").
+#: The evaluation shows the checkpoint the same prompts (it reads them from the lake's records run)
 DEMO_RECORDS: dict[str, Any] = {
-    "window_single": 3,
-    "window_cross": 3,
-    "recent_clicks": 5,
-    "recent_buys": 5,
+    "window_single": 1,
+    "window_cross": 1,
+    "recent_clicks": 3,
+    "recent_buys": 3,
     "system": "brief",
+    "click_ids": True,
+    "response_order": "action_first",
+    "click_by": "id",
 }
-#: the demo's training, chosen by the sweep in bench/RESULTS.md ("The demo's training"): single-session
-#: states only (the evaluation's mode), a model and a number of updates that fit the main job's budget
+#: the demo's training, chosen by the sweeps in bench/RESULTS.md ("The demo's training", its sixth round):
+#: single-session states only (the evaluation's mode), a model and a number of updates that fit the main
+#: job's budget; every catalog id one token and the screen-id loss on 64 more feed states an update, the
+#: copy of a card's id that the shoppers' clicks alone never taught
 DEMO_TRAINING: dict[str, Any] = {
     "modes": ["single"],
-    "steps": 400,
+    "steps": 800,
     "states_per_update": 8,
     "micro_batch_states": 1,
     "lr": 4e-3,
     "warmup_steps": 10,
-    "eval_every": 200,
+    "eval_every": 400,
     "checkpoint_every": 0,
     "held_out_states": 64,
     "held_out_sampled": 32,
     "held_out_sampling": {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 96},
+    "screen_id_weight": 1.0,
+    "screen_id_states": 64,
+    "screen_id_tail": 48,
     "tiny": {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 512, "num_layers": 4,
-             "num_heads": 4, "num_kv_heads": 2},
+             "num_heads": 4, "num_kv_heads": 2, "item_id_tokens": True},
 }  # fmt: skip
 #: OPTD on top of the demo's training: a few updates from the SFT teacher at a lower LR, no warm-up
 DEMO_OPTD: dict[str, Any] = {
@@ -92,14 +102,22 @@ def demo_records(values: dict[str, Any] | None = None) -> PromptSettings:
     return PromptSettings(**{**DEMO_RECORDS, **(values or {})})
 
 
+def over_demo_training(values: dict[str, Any] | None) -> dict[str, Any]:
+    """``DEMO_TRAINING`` under the run's ``[train]`` values, ``[train.tiny]`` merged key by key: a run that
+    changes the model's size keeps the demo's tokenizer choices unless it names them."""
+    values = values or {}
+    tiny = {**DEMO_TRAINING["tiny"], **values.get("tiny", {})}
+    return {**DEMO_TRAINING, **values, "tiny": tiny}
+
+
 def demo_training(values: dict[str, Any] | None = None) -> TrainSettings:
     """The demo's training size under the run's own ``[train]`` values."""
-    return TrainSettings(**{**DEMO_TRAINING, **(values or {})})
+    return TrainSettings(**over_demo_training(values))
 
 
 def demo_optd(train: dict[str, Any] | None = None, optd: dict[str, Any] | None = None) -> OPTDSettings:
     """The demo's OPTD: its training under the run's ``[train]``, then ``DEMO_OPTD`` and ``[optd]``."""
-    return optd_settings({**DEMO_TRAINING, **(train or {})}, {**DEMO_OPTD, **(optd or {})})
+    return optd_settings(over_demo_training(train), {**DEMO_OPTD, **(optd or {})})
 
 
 @flow(name="main-job")
