@@ -127,13 +127,14 @@ KEY_ORDER = [("mode", "ascending"), ("record_id", "ascending")]  # the records' 
 ARM_OF_TEACHER = {"optd_intent_teacher": "intent_teacher"}  # the rest distil from the SFT teacher
 
 
-#: a pretrained base's tokenizer writes a catalog id in several tokens, which the screen-id loss cannot score
-NO_SCREEN_ID_LOSS = {"screen_id_weight": 0.0}
+#: a pretrained base's tokenizer writes a catalog id in several tokens, which the screen-id loss cannot
+#: score; the GPU command has no data stack to read the catalog's ids from, so neither does its tiny base
+NO_SCREEN_ID_LOSS = {"screen_id_weight": 0.0, "tiny": {"item_id_tokens": False}}
 
 
 def study_sizes() -> dict[str, StudySize]:
     """The GPU study's sizes (``fidelity.StudySize``): full, and the tests' toy on CPU."""
-    from fidelity import QUICK, StudySize
+    from fidelity import QUICK, StudySize, merged
 
     full = StudySize(
         users=400,
@@ -145,7 +146,7 @@ def study_sizes() -> dict[str, StudySize]:
         optd={"lr": 1e-4},
         intent_teacher={"steps": 150, "teacher_intent_share": 0.5, "warmup_steps": 0, "lr": 3e-4},
     )
-    toy_train = {**QUICK.train, **NO_SCREEN_ID_LOSS}
+    toy_train = merged(QUICK.train, NO_SCREEN_ID_LOSS)
     return {"full": full, "toy": replace(QUICK, sessions=4, effect_users=6, seeds=(0,), train=toy_train)}
 
 
