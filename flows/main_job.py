@@ -26,7 +26,7 @@ from transforms.config import IngestSettings
 from transforms.prompts import PromptSettings
 
 #: the demo's prompts: a shorter history window and recent lists than the reference's (PROTOCOL §3) and
-#: the brief system turn, so a tiny model on two CPU cores reads ~350 tokens a state instead of ~2,000;
+#: the brief system turn, so a tiny model on two CPU cores reads ~450 tokens a state instead of ~2,000;
 #: the click line lists the ids in view and the response writes its action first, a click by its id, so
 #: a click's id is a copy from a fixed place near the prompt's end (bench/RESULTS.md, "Sixth round").
 #: The evaluation shows the checkpoint the same prompts (it reads them from the lake's records run)
