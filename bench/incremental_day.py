@@ -63,6 +63,9 @@ def timed(raw: Path, lake: Path) -> dict:
         "wall_s": round(time.perf_counter() - started, 1),
         "stages": result["stages"],
         "steps": result["ingest"]["output_rows"]["steps"],
+        "ingest_increment": {
+            k: len(v) if k == "files_read" else v for k, v in result["ingest"].get("increment", {}).items()
+        },
         "records_users_rendered": result["records"]["records"].get("users_rendered"),
         "records_users_kept": result["records"]["records"].get("users_kept"),
     }

@@ -65,6 +65,15 @@ def run_ingest(raw: Path, out: Path, target_bytes: int) -> int:
     return result.counts["events"].rows_in
 
 
+def run_ingest_unlanded(raw: Path, out: Path, target_bytes: int) -> int:
+    """The ingest keeping no landed rows (``keep_landed`` off): what landing them costs."""
+    from transforms.config import IngestSettings
+    from transforms.ingest import ingest_bundle
+
+    result = ingest_bundle(raw, out, IngestSettings(keep_landed=False), progress=_phase)
+    return result.counts["events"].rows_in
+
+
 def run_ingest_gated(raw: Path, out: Path, target_bytes: int) -> int:
     from flows.ingest import INGESTED_TABLES
     from transforms.config import IngestSettings
@@ -197,6 +206,7 @@ def run_pandas(raw: Path, out: Path, target_bytes: int) -> int:
 
 VARIANTS = {
     "ingest": run_ingest,
+    "ingest-unlanded": run_ingest_unlanded,
     "ingest-gated": run_ingest_gated,
     "pandas": run_pandas,
     "floor": run_floor,
@@ -206,6 +216,7 @@ VARIANTS = {
 #: same for any bundle size, so the timings compare the work on the data alone
 IMPORTS = {
     "ingest": ("transforms.ingest",),
+    "ingest-unlanded": ("transforms.ingest",),
     "ingest-gated": ("transforms.ingest", "validation.gate", "validation.ge", "flows.ingest"),
     "pandas": ("pandas",),
     "floor": ("pyarrow.parquet",),

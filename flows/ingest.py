@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -15,7 +16,9 @@ from flows.validate import quiet_tracebacks
 from transforms.config import IngestSettings
 from transforms.fingerprints import file_fingerprints, fingerprint
 from transforms.ingest import ingest_bundle
+from transforms.ingest.landed import commit_landed, discard_sealed, landed_dir
 from transforms.lake import world_path
+from transforms.manifest import UsersDone
 from transforms.readers import BundleError
 
 quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs its message only
@@ -83,19 +86,50 @@ def ingest_bundle_flow(
     ingest stage's cache's decision (``ingest_flow``)."""
     settings = settings or IngestSettings()
     spec = StageWrite(
-        "ingest", list(INGESTED_TABLES), extra_outputs={"world": str(world_path(lake))},
+        "ingest", list(INGESTED_TABLES),
+        extra_outputs={"world": str(world_path(lake)), "landed": str(landed_dir(lake))},
         gate_raw=raw if source_format == "bundle" else None, gate_settings=settings,
         markdown=summary_markdown,
     )  # fmt: skip
 
+    def kept(staged: Staged) -> Staged:
+        summary_of.update(staged.details)
+        return staged
+
     def staged_tables(staged: str) -> Staged:
         summary = ingest_tables(raw, lake, staged, settings, source_format)
-        return Staged(summary, summary["counts"], settings=summary["settings"])
+        increment = summary["increment"]
+        if "files_read" not in increment:
+            return Staged(summary, summary["counts"], settings=summary["settings"])
+        read = set(increment["files_read"])
+        return Staged(
+            summary, summary["counts"], settings=summary["settings"],
+            users=UsersDone(read=increment["users_read"], reused=increment["users_reused"]),
+            reused=[name for name in inputs if name.startswith("bundle/") and name[7:] not in read],
+            raw_files=sorted(read),
+        )  # fmt: skip
 
-    summary = write_staged(
-        lake, spec, bundle_inputs(raw), staged_tables, lambda: record_world_task(raw, lake)
-    )
-    return summary
+    def after_swap() -> None:
+        place_landed(summary_of["increment"], lake)
+        record_world_task(raw, lake)
+
+    summary_of: dict = {}
+    inputs = bundle_inputs(raw)
+    try:
+        return write_staged(lake, spec, inputs, lambda staged: kept(staged_tables(staged)), after_swap)
+    finally:  # a stopped gate leaves the landed rows as they were
+        if "landed_staged" in summary_of.get("increment", {}):
+            discard_sealed(summary_of["increment"]["landed_staged"])
+
+
+def place_landed(increment: dict, lake: str) -> None:
+    """The landed rows of the ingest just swapped in take their place beside the lake; an ingest that
+    landed none removes any an earlier one left (they would describe another lake)."""
+    staged = increment.pop("landed_staged", None)
+    if staged is not None:
+        commit_landed(staged, lake)
+    elif not increment:
+        shutil.rmtree(landed_dir(lake), ignore_errors=True)
 
 
 def bundle_inputs(raw: str | Path) -> dict[str, str | None]:

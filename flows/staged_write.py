@@ -33,6 +33,8 @@ class Staged:
     accounting: dict[str, dict[str, int]]
     settings: dict[str, Any] | None = None
     users: UsersDone | None = None
+    reused: list[str] = field(default_factory=list)  # inputs the stage did not read again
+    raw_files: list[str] | None = None  # the raw bundle's files it read, when not all of them
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def write_staged(
         work = write(staged)
         gate = gate_task(
             lake, spec.tables, stage=spec.stage, raw=spec.gate_raw, staged=staged,
-            settings=spec.gate_settings, accounting=work.accounting,
+            settings=spec.gate_settings, accounting=work.accounting, raw_files=work.raw_files,
         )  # fmt: skip
         swap_staged(lake, staged)
     if after_swap is not None:
@@ -98,7 +100,7 @@ def write_staged(
     seconds = time.perf_counter() - started
     details = {**work.details, "validation": validation, "seconds": round(seconds, 3)}
     manifest = new_manifest(
-        lake, spec.stage, seconds, inputs, outputs_of(lake, spec), users=work.users,
+        lake, spec.stage, seconds, inputs, outputs_of(lake, spec), reused=work.reused, users=work.users,
         settings=work.settings, validation=validation, details=details,
     )  # fmt: skip
     details["manifest"] = record_manifest(manifest, spec.markdown(details) if spec.markdown else None)

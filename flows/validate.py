@@ -94,9 +94,11 @@ def gate_task(
     staged: str | None = None,
     settings: IngestSettings | None = None,
     accounting: dict[str, dict[str, int]] | None = None,
+    raw_files: list[str] | None = None,
 ) -> dict:
     """Validate ``tables`` as ``stage`` wrote them (in ``staged`` when given); stops the flow on an
     error. ``settings``: those of the run that produced the tables (default: the lake's last ingest).
+    ``raw_files``: the files of ``raw`` the stage read, when not all of them.
 
     Stage gates replace their earlier quarantine rows (the tables are new); the
     on-demand ``validate`` stage appends.
@@ -113,6 +115,7 @@ def gate_task(
             staged=staged,
             settings=settings or recorded_settings(lake),
             accounting=accounting,
+            raw_files=raw_files,
         )
     except GateError as err:
         publish(err.summary)

@@ -75,6 +75,11 @@ class IngestSettings(BaseSettings):
         le=1,
         description="the gate stops a stage that quarantines more than this share of any input table's rows",
     )
+    keep_landed: bool = Field(
+        True,
+        description="keep the bundle's rows as read beside the lake (LAKE/_landed, the bundle's own ids), "
+        "so that a bundle grown by new files is ingested from those files alone",
+    )
     split_seed: int = 42
     split_ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)
     zstd_level: int = 1  # zstd's fast end: ingest is write-heavy, the lake is read-many

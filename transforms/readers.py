@@ -25,7 +25,7 @@ import gzip
 import json
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
@@ -620,15 +620,19 @@ class Chunk:
     rows: tuple[int, int] | None = None
 
 
-def chunk_plan(root: Path, table: str, chunk_rows: int) -> list[Chunk]:
+def chunk_plan(root: Path, table: str, chunk_rows: int, only: Collection[str] | None = None) -> list[Chunk]:
     """The table's chunks in ``_file`` order: big Parquet files by row groups (``row_ranges``);
     consecutive small ones together up to ``chunk_rows`` rows (daily part files are typical, and
     every read has a fixed cost); other formats, and files whose footer cannot be read (the
-    reader quarantines them with its own error), one file each."""
+    reader quarantines them with its own error), one file each. ``only``: the files (relative to
+    ``root``) to read, the others left out."""
     chunks: list[Chunk] = []
     small: list[Path] = []
     small_rows = 0
-    for path in sorted(raw_table_files(root, table), key=lambda p: p.relative_to(root).as_posix()):
+    files = sorted(raw_table_files(root, table), key=lambda p: p.relative_to(root).as_posix())
+    if only is not None:
+        files = [p for p in files if p.relative_to(root).as_posix() in only]
+    for path in files:
         meta = _parquet_footer(path)
         rows = meta.num_rows if meta is not None else None
         if rows is not None and rows <= chunk_rows:
@@ -667,11 +671,13 @@ def read_tables(
     pseudonymize: Pseudonymize | None,
     chunk_rows: int,
     workers: int = 2,
+    only: Collection[str] | None = None,
 ) -> Iterator[TableRead]:
     """Each table in turn as a stream of typed chunks (``chunk_plan``), in ``_file`` order, with
     ``workers`` chunks read and typed ahead in threads (a Parquet row group decodes on one core):
-    at most ``workers + 1`` chunks of about ``chunk_rows`` rows are in memory at once."""
-    chunks = (chunk for table in tables for chunk in chunk_plan(root, table, chunk_rows))
+    at most ``workers + 1`` chunks of about ``chunk_rows`` rows are in memory at once. ``only``: the
+    files to read (relative to ``root``), the others left out."""
+    chunks = (chunk for table in tables for chunk in chunk_plan(root, table, chunk_rows, only))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="read") as pool:
         ahead: deque[Future[TableRead]] = deque()
         for chunk in chunks:

@@ -34,7 +34,7 @@ import itertools
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -609,11 +609,13 @@ class RawBundle:
     is bounded by a chunk: key uniqueness, the one check across rows, comes from a first pass that
     keeps only a 64-bit hash per row."""
 
-    def __init__(self, raw: str | Path, settings: IngestSettings, chunk_rows: int) -> None:
+    def __init__(
+        self, raw: str | Path, settings: IngestSettings, chunk_rows: int, only: Collection[str] | None = None
+    ) -> None:
         from transforms.readers import check_bundle
         from transforms.rekey import Pseudonymizer
 
-        self.root = check_bundle(raw)
+        self.root, self.only = check_bundle(raw), only
         self.unit, self.chunk_rows = settings.timestamp_unit, chunk_rows
         self.pseudonymize = Pseudonymizer(settings.rekey_key)
 
@@ -621,7 +623,10 @@ class RawBundle:
         """The table's typed chunks, locators renamed for the gate."""
         from transforms.readers import read_tables
 
-        for chunk in read_tables(self.root, [table], self.unit, self.pseudonymize, self.chunk_rows):
+        chunks = read_tables(
+            self.root, [table], self.unit, self.pseudonymize, self.chunk_rows, only=self.only
+        )
+        for chunk in chunks:
             if chunk.frame.width and chunk.frame.height:
                 yield located_raw_rows(chunk.frame)
 
@@ -654,9 +659,11 @@ def run_gate(
     docs: bool = True,
     staged: str | Path | None = None,
     accounting: dict[str, dict[str, int]] | None = None,
+    raw_files: Collection[str] | None = None,
 ) -> GateSummary:
     """Validate lake ``tables`` (default: every present table with a suite) and, if ``raw``
-    is given, the raw bundle's tables. Raises :class:`GateError` on an error-severity failure.
+    is given, the raw bundle's tables (``raw_files``: only these files of it, relative to ``raw``).
+    Raises :class:`GateError` on an error-severity failure.
 
     ``replace_quarantine``: the calling stage has just rewritten these tables, so the
     gate's earlier quarantine rows for them are replaced; on-demand runs append.
@@ -685,7 +692,7 @@ def run_gate(
     for name in names:
         gate.lake_table(name)
     if raw is not None:
-        bundle = RawBundle(raw, settings, batch_rows)
+        bundle = RawBundle(raw, settings, batch_rows, raw_files)
         for name in RAW_TABLES:
             suite = gate.suites[f"raw.{name}"]
             gate.raw_table(suite, bundle.prepared(suite))

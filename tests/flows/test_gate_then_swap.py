@@ -17,6 +17,7 @@ from flows.records import records_flow
 from flows.validate import validate_flow
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms.config import IngestSettings
+from transforms.ingest.landed import landed_dir
 from transforms.lake import STAGING, read_lake_table
 from validation.report import GateError
 
@@ -54,7 +55,8 @@ def good_lake(prefect_harness, tmp_path) -> tuple[Path, Path]:
 
 def test_a_run_that_loses_every_event_stops_and_leaves_the_previous_lake(good_lake):
     raw, lake = good_lake
-    before = lake_files(lake)
+    before, landed = lake_files(lake), lake_files(landed_dir(lake))
+    assert landed  # the rows a later day's ingest starts from, beside the lake
     every_event = {e["event_id"] for e in tiny_bundle()["events"]}
     write_bundle(unknown_actions(tiny_bundle(), every_event), raw)
     result = runner.invoke(app, ["ingest", str(raw), "--lake", str(lake)], env={"COLUMNS": "400"})
@@ -68,6 +70,8 @@ def test_a_run_that_loses_every_event_stops_and_leaves_the_previous_lake(good_la
     assert "Traceback" not in result.output
     assert lake_files(lake) == before
     assert not any((lake / STAGING).iterdir()), "the staged tables are gone"
+    assert lake_files(landed_dir(lake)) == landed  # the landed rows as they were, none left staged
+    assert sorted(p.name for p in lake.parent.iterdir()) == ["lake", "lake.landed", "raw"]
 
 
 def test_a_failing_gate_after_a_good_run_leaves_the_previous_lake(good_lake):

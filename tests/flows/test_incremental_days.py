@@ -3,6 +3,7 @@ users the day changed, and the lake equals a fresh full run's, table by table.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,14 @@ def test_a_new_day_equals_a_full_run(prefect_harness, tmp_path: Path):
     full = pipeline_flow(str(tmp_path / "grown"), str(fresh))
 
     assert again["ingest"]["output_rows"]["steps"] > first["ingest"]["output_rows"]["steps"]
+    assert again["ingest"]["increment"]["files_read"] == sorted(added)  # ingest read the new files only
+    manifest = json.loads(Path(again["ingest"]["manifest"]).read_text())
+    assert sorted(n for n in manifest["read"] if n.startswith("bundle/")) == [
+        f"bundle/{a}" for a in sorted(added)
+    ]
+    bundle = {n for n in manifest["inputs"] if n.startswith("bundle/")}
+    assert set(manifest["reused"]) == bundle - {f"bundle/{a}" for a in added}
+    assert manifest["users"]["read"] == again["ingest"]["increment"]["users_read"] > 0
     users = read_lake_table(lake, "sessions")["user_id"].n_unique()
     rendered = again["records"]["records"]["users_rendered"]
     assert 0 < rendered < users and again["records"]["records"]["users_kept"] == users - rendered

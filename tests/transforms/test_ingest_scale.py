@@ -224,9 +224,9 @@ def test_items_left_to_pass_two_are_read_once_and_counted_once(tmp_path, monkeyp
     read_item_text, id_column = [], []
     real_read, real_ids = chunks.read_tables, pass_one._item_id_column_hashes
 
-    def spy_read(root, tables, *args):
+    def spy_read(root, tables, *args, **kwargs):
         read_item_text.append("items" in tables)
-        return real_read(root, tables, *args)
+        return real_read(root, tables, *args, **kwargs)
 
     def spy_ids(root):
         id_column.append(real_ids(root))

@@ -4,6 +4,7 @@ quarantine frame those counts are read from."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import polars as pl
 
@@ -49,9 +50,45 @@ class IngestResult:
     wall_seconds: float
     settings: dict = field(default_factory=dict)
     notes: dict = field(default_factory=dict)  # source-specific counts, e.g. context rows of UserArena
+    # what a bundle grown by new files read: the files and users read and reused, or why it read all
+    increment: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def ingest_result(
+    raw: str | Path,
+    lake: str | Path,
+    out: str | Path,
+    *,
+    counts: dict[str, TableCount],
+    quarantine: pl.DataFrame,
+    output_rows: dict[str, int],
+    paths: dict[str, str],
+    reads: dict[str, TableRead],
+    seconds: float,
+    settings: dict,
+    notes: dict | None = None,
+    increment: dict | None = None,
+) -> IngestResult:
+    """The run's result: ``quarantine`` the rows this run quarantined, ``paths`` the staged tables
+    (in ``out``), reported at their place in the lake."""
+    reasons = quarantine.group_by("kept", "reason").len().sort("reason")
+    return IngestResult(
+        lake=str(lake),
+        raw=str(raw),
+        counts=counts,
+        quarantine_by_reason={r: n for k, r, n in reasons.iter_rows() if not k},
+        flagged_by_reason={r: n for k, r, n in reasons.iter_rows() if k},
+        output_rows=output_rows,
+        paths={name: str(Path(lake) / Path(path).relative_to(out)) for name, path in paths.items()},
+        naive_timestamps=sum(t.naive_timestamps for t in reads.values()),
+        wall_seconds=round(seconds, 3),
+        settings=settings,
+        notes=notes or {},
+        increment=increment or {},
+    )
 
 
 class AccountingError(AssertionError):

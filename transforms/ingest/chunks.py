@@ -35,10 +35,13 @@ class TableReader:
     unit: str
     pseudonymize: Pseudonymizer
     chunk_rows: int
+    only: frozenset[str] | None = None  # the files to read (relative to root); None: every file
 
     def chunks(self) -> Iterator[TableRead]:
         """The tables' typed chunks, in reading order."""
-        return read_tables(self.root, self.tables, self.unit, self.pseudonymize, self.chunk_rows)
+        return read_tables(
+            self.root, self.tables, self.unit, self.pseudonymize, self.chunk_rows, only=self.only
+        )
 
 
 def stack_frames(frames: list[pl.DataFrame], table: str) -> pl.DataFrame:

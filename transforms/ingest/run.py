@@ -17,11 +17,20 @@ import polars as pl
 
 from transforms import align
 from transforms.config import IngestSettings
-from transforms.ingest.accounting import IngestResult, Totals, count_rows, ingest_quarantine, profile_flags
+from transforms.ingest.accounting import (
+    IngestResult,
+    Totals,
+    count_rows,
+    ingest_quarantine,
+    ingest_result,
+    profile_flags,
+)
 from transforms.ingest.alignment import Context, Part, align_part, checked_history
 from transforms.ingest.duplicate_ids import settle
-from transforms.ingest.item_index import items_pass
+from transforms.ingest.item_index import ItemIndex, items_pass
 from transforms.ingest.keying import history_rows, key_part, profile_rows, user_assignment
+from transforms.ingest.landed import LandedWriter, bundle_files, commit_landed, landed_dir, view_buckets
+from transforms.ingest.new_files import NewFiles, ingest_new_files, plan_new_files
 from transforms.ingest.parts import Raw, from_tables, read_pass
 from transforms.ingest.writer import Writer
 from transforms.lake import STAGING, StagedTable, write_quarantine
@@ -46,8 +55,8 @@ class StagedRun:
     """The staged lake tables, the spill and the writer thread of one ingest: the tables are
     committed together, or all of it is discarded."""
 
-    def __init__(self, lake: Path, zstd_level: int) -> None:
-        self.lake, self.zstd_level = lake, zstd_level
+    def __init__(self, lake: Path, zstd_level: int, landed: LandedWriter | None = None) -> None:
+        self.lake, self.zstd_level, self.landed = lake, zstd_level, landed
         self.spill = lake / STAGING / f"spill-{uuid.uuid4().hex[:8]}"
         self.tables = {name: StagedTable(lake, name, zstd_level=zstd_level) for name in WRITE_ORDER}
         self.writer = Writer()
@@ -69,6 +78,8 @@ class StagedRun:
         for staged in self.tables.values():
             staged.discard()
         shutil.rmtree(self.spill, ignore_errors=True)
+        if self.landed is not None:
+            self.landed.discard()
 
 
 def _silent(phase: str) -> None:
@@ -96,11 +107,17 @@ def read_source(
 
 
 def shared_context(
-    source: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun, totals: Totals
+    source: Raw,
+    settings: IngestSettings,
+    pseudonymize: Pseudonymizer,
+    run: StagedRun,
+    totals: Totals,
+    item_index: ItemIndex | None = None,
 ) -> Context:
     """Everything the parts share: users' pseudonyms and splits (profiles and history written),
-    the item index (items written), duplicate event ids settled. Small writes are queued first, so the
-    writer thread's longer jobs (writing the items) never hold this thread up."""
+    the item index (items written; ``item_index``: an earlier run's, the items left as they are),
+    duplicate event ids settled. Small writes are queued first, so the writer thread's longer jobs
+    (writing the items) never hold this thread up."""
     profiles = align.check_profiles(source.table("profiles"), pseudonymize)
     history = checked_history(source.table("history"), pseudonymize)
     users = user_assignment(
@@ -108,7 +125,14 @@ def shared_context(
     )
     run.write("profiles", profile_rows(profiles.rows, users, pseudonymize))
     run.write("history", history_rows(history.rows, pseudonymize, settings))
-    item_index, rejects, totals.duplicates["items"] = items_pass(source, settings, pseudonymize, run)
+    if run.landed is not None and item_index is None:  # a full run lands them; a new day adds its own
+        for name in ("profiles", "history"):
+            run.writer.submit(run.landed.add_whole, name, source.table(name))
+    rejects: list[pl.DataFrame] = []
+    if item_index is None:
+        item_index, rejects, totals.duplicates["items"] = items_pass(source, settings, pseudonymize, run)
+        if run.landed is not None:
+            run.writer.submit(run.landed.save_index, item_index)
     events = settle(
         source.id_hashes["events"],
         lambda: [
@@ -125,14 +149,17 @@ def shared_context(
     return Context(settings, item_index, profile_context, users, max_ts, events, source.cuts)
 
 
-def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals) -> None:
+def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals, land: bool = True) -> None:
     """Pass 2: ``ALIGN_THREADS`` parts align at once; their outputs are keyed and written in part
-    order while the next ones align."""
+    order while the next ones align. ``land``: the parts' raw rows are landed (``run.landed``)."""
+    land = land and run.landed is not None
 
     def aligned(p: int) -> tuple[Part, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
-        events, feeds = source.spill.read("events", p), source.feeds(p)
-        return align_part(events, feeds, ctx, keys, source.marks(p)), keys
+        events, feeds, marks = source.spill.read("events", p), source.feeds(p), source.marks(p)
+        if land:
+            run.writer.submit(run.landed.add_views, events, feeds, marks, view_buckets(events, ctx.users))
+        return align_part(events, feeds, ctx, keys, marks), keys
 
     with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
         running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
@@ -148,6 +175,22 @@ def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals) -> No
             run.writer.submit(write_keyed_part, part, ctx, keys, run, p)
 
 
+def land(
+    run: StagedRun,
+    files: dict[str, str],
+    settings: IngestSettings,
+    lake: str | Path,
+    staging: str | Path | None,
+) -> dict[str, str]:
+    """Seal the run's landed rows; swap them in now when the tables went straight into the lake, else
+    leave them staged (``landed_staged``) for the caller to commit after its own swap."""
+    sealed = run.landed.seal(files, settings)
+    if staging is None:
+        commit_landed(sealed, lake)
+        return {}
+    return {"landed_staged": str(sealed)}
+
+
 def ingest_bundle(
     raw: str | Path,
     lake: str | Path,
@@ -155,21 +198,31 @@ def ingest_bundle(
     progress: Callable[[str], None] = _silent,
     source_format: str = "bundle",
     staging: str | Path | None = None,
+    new_files_only: bool = True,
 ) -> IngestResult:
     """Read ``raw``, align, and (re)write the lake tables atomically. Idempotent.
+
+    A bundle that has only grown by new files since the lake's last ingest is ingested from those
+    files (``new_files``; ``new_files_only`` False reads the whole bundle all the same).
 
     ``source_format`` is ``bundle`` (a raw log bundle folder) or ``userarena``
     (release JSONL). ``progress`` is called with the name of each phase as it starts.
     ``staging``: a lake-shaped folder (``transforms.lake.Staging``) that receives the tables
     instead of the lake, so they can be validated before they replace the lake's; the
-    reported paths are still the lake's.
+    reported paths are still the lake's, and the landed rows wait beside the lake
+    (``increment["landed_staged"]``) for ``landed.commit_landed`` after that swap.
     """
     started = time.perf_counter()
     settings = settings or IngestSettings()
     pseudonymize = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)
     out = Path(staging) if staging is not None else Path(lake)
-    run, totals = StagedRun(out, settings.zstd_level), Totals()
+    landing = settings.keep_landed and source_format == "bundle"
+    plan = plan_new_files(raw, lake, settings) if landing and new_files_only else "asked to read all"
+    run = StagedRun(out, settings.zstd_level, LandedWriter(lake, settings.zstd_level) if landing else None)
+    totals, increment = Totals(), {}
     try:
+        if isinstance(plan, NewFiles):
+            return ingest_new_files(raw, lake, out, settings, plan, run, progress)
         progress("read")
         source, notes = read_source(raw, source_format, settings, pseudonymize, run)
         progress("items")
@@ -183,19 +236,16 @@ def ingest_bundle(
         output_rows = {name: run.tables[name].rows for name in WRITE_ORDER}
         counts = count_rows(source.reads, output_rows, quarantine, totals.duplicates, totals.dropped)
         paths = run.commit(quarantine)
+        if landing:
+            increment = land(run, bundle_files(check_bundle(raw)), settings, lake, staging) | {
+                "whole_bundle": plan
+            }
+        elif staging is None:  # rows landed by an earlier ingest would describe another lake
+            shutil.rmtree(landed_dir(lake), ignore_errors=True)
     finally:
         run.discard()
-    reasons = quarantine.group_by("kept", "reason").len().sort("reason")
-    return IngestResult(
-        lake=str(lake),
-        raw=str(raw),
-        counts=counts,
-        quarantine_by_reason={r: n for k, r, n in reasons.iter_rows() if not k},
-        flagged_by_reason={r: n for k, r, n in reasons.iter_rows() if k},
-        output_rows=output_rows,
-        paths={name: str(Path(lake) / Path(path).relative_to(out)) for name, path in paths.items()},
-        naive_timestamps=sum(t.naive_timestamps for t in source.reads.values()),
-        notes=notes,
-        wall_seconds=round(time.perf_counter() - started, 3),
+    return ingest_result(
+        raw, lake, out, counts=counts, quarantine=quarantine, output_rows=output_rows, paths=paths,
+        reads=source.reads, seconds=time.perf_counter() - started, notes=notes, increment=increment,
         settings=json.loads(settings.model_dump_json(exclude={"rekey_key"})),
-    )
+    )  # fmt: skip
