@@ -28,7 +28,14 @@ INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "hi
 
 
 @task(name="ingest-tables", cache_policy=NO_CACHE, **IO_RETRIES)
-def ingest_tables(raw: str, lake: str, staged: str, settings: IngestSettings, source_format: str) -> dict:
+def ingest_tables(
+    raw: str,
+    lake: str,
+    staged: str,
+    settings: IngestSettings,
+    source_format: str,
+    new_files_only: bool = True,
+) -> dict:
     """Ingest ``raw`` into the staging folder ``staged``; the lake is untouched until the gate passes."""
     logger = get_run_logger()
     result = ingest_bundle(
@@ -38,6 +45,7 @@ def ingest_tables(raw: str, lake: str, staged: str, settings: IngestSettings, so
         progress=lambda phase: logger.info("ingest: %s", phase),
         source_format=source_format,
         staging=staged,
+        new_files_only=new_files_only,
     )
     return result.to_json()
 
@@ -79,11 +87,16 @@ def summary_markdown(summary: dict) -> str:
 
 @flow(name="ingest-bundle", persist_result=False)  # its tasks' results stay in memory
 def ingest_bundle_flow(
-    raw: str, lake: str, settings: IngestSettings | None = None, source_format: str = "bundle"
+    raw: str,
+    lake: str,
+    settings: IngestSettings | None = None,
+    source_format: str = "bundle",
+    new_files_only: bool = True,
 ) -> dict:
     """Raw bundle (or UserArena release JSONL) -> steps, sessions, feed_layouts, items, profiles,
     history, quarantine: staged, gated, swapped in, recorded. Always ingests: whether to is the
-    ingest stage's cache's decision (``ingest_flow``)."""
+    ingest stage's cache's decision (``ingest_flow``). ``new_files_only``: a bundle grown by new files
+    is ingested from those files (False: the whole bundle is read)."""
     settings = settings or IngestSettings()
     spec = StageWrite(
         "ingest", list(INGESTED_TABLES),
@@ -97,7 +110,7 @@ def ingest_bundle_flow(
         return staged
 
     def staged_tables(staged: str) -> Staged:
-        summary = ingest_tables(raw, lake, staged, settings, source_format)
+        summary = ingest_tables(raw, lake, staged, settings, source_format, new_files_only)
         increment = summary["increment"]
         if "files_read" not in increment:
             return Staged(summary, summary["counts"], settings=summary["settings"])
@@ -153,7 +166,14 @@ def ingest_flow(
     from flows.stages import ingest_stage
 
     outcome = run_stage(
-        ingest_stage, lake, force, raw=raw, lake=lake, settings=settings, source_format=source_format
+        ingest_stage,
+        lake,
+        force,
+        raw=raw,
+        lake=lake,
+        settings=settings,
+        source_format=source_format,
+        reuse=not force,
     )
     if outcome.reused:
         get_run_logger().info("bundle unchanged since the last ingest; nothing to do")

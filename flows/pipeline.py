@@ -32,9 +32,9 @@ def pipeline_flow(
     stage again)."""
     logger = get_run_logger()
     ingested = run_stage(ingest_stage, lake, force, raw=raw, lake=lake, settings=settings,
-                         source_format=source_format)  # fmt: skip
+                         source_format=source_format, reuse=not force)  # fmt: skip
     logger.info("ingest: %s steps", ingested.summary["output_rows"].get("steps"))
-    chained = run_stage(chain_stage, lake, force, lake=lake)
+    chained = run_stage(chain_stage, lake, force, lake=lake, reuse=not force)
     # extraction reads the states as before any extraction, so its requests are the same on every run
     states = run_stage(extraction_states_stage, lake, force, lake=lake, settings=records, reuse=not force)
     extracted = run_stage(extract_stage, lake, force, lake=lake, settings=extract, reuse=not force)

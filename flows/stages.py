@@ -60,28 +60,32 @@ def synthesise_stage(raw: str, users: int, seed: int) -> dict[str, Any]:
 
 @cached_stage(
     "ingest",
-    reads=lambda raw, lake, settings, source_format: {
+    reads=lambda raw, lake, settings, source_format, reuse=True: {
         "raw": fingerprint(raw), "settings": settings_json(settings), "format": source_format
     },
-    writes=lambda raw, lake, settings, source_format: [
+    writes=lambda raw, lake, settings, source_format, reuse=True: [
         *lake_outputs(lake, INGESTED), quarantine_dir(lake, "ingest"), world_path(lake)
     ],
 )  # fmt: skip
-def ingest_stage(raw: str, lake: str, settings: Any, source_format: str) -> dict[str, Any]:
+def ingest_stage(
+    raw: str, lake: str, settings: Any, source_format: str, reuse: bool = True
+) -> dict[str, Any]:
+    """``reuse``: a bundle grown by new files is ingested from those files (``transforms.ingest``)."""
     from flows.ingest import ingest_bundle_flow
 
-    return ingest_bundle_flow(raw, lake, settings=settings, source_format=source_format)
+    return ingest_bundle_flow(raw, lake, settings=settings, source_format=source_format, new_files_only=reuse)
 
 
 @cached_stage(
     "chain",
-    reads=lambda lake: tables(lake, ["sessions"]),
-    writes=lambda lake: lake_outputs(lake, ["histories"]),
+    reads=lambda lake, reuse: tables(lake, ["sessions"]),
+    writes=lambda lake, reuse: lake_outputs(lake, ["histories"]),
 )
-def chain_stage(lake: str) -> dict[str, Any]:
+def chain_stage(lake: str, reuse: bool) -> dict[str, Any]:
+    """``reuse``: users whose sessions are unchanged since the last chain keep their histories."""
     from flows.chain import chain_flow
 
-    return chain_flow(lake)
+    return chain_flow(lake, reuse=reuse)
 
 
 def states_folder(lake: str | Path) -> Path:

@@ -22,14 +22,17 @@ from extractors.config import ExtractSettings
 from extractors.pipeline import STAGE as EXTRACT_STAGE
 from extractors.pipeline import KeptExtraction
 from flows.caching import code_version, fingerprint
+from transforms.chain import SUMMARY_HELPERS
+from transforms.files import atomic_file
 from transforms.increments import (
     RecordedInputs,
     changed_users,
     empty_not_executable,
     extraction_digests,
     rendering_digests,
+    session_digests,
 )
-from transforms.lake import STAGING, quarantine_dir, table_dir
+from transforms.lake import STAGING, quarantine_dir, read_lake_table, table_dir
 from transforms.manifest import RUNS
 from transforms.prompts import PromptSettings
 from transforms.records import MODES, KeptRendering, RecordsSummary, write_records
@@ -165,3 +168,49 @@ def kept_extraction(lake: str | Path, replaced_file: str | None) -> KeptExtracti
     if replaced_file is None:
         return None
     return KeptExtraction(Path(lake), pl.read_parquet(replaced_file)["user_id"])
+
+
+# --- chain --------------------------------------------------------------------------------------
+
+
+def chain_key() -> str:
+    return json.dumps({"code": code_version(), "polars": pl.__version__}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """Who a chain chains: every user (``changed`` None), or those whose sessions changed since the
+    recorded run, the others keeping that run's histories (``kept``, with their summary helpers)."""
+
+    digests: pl.DataFrame
+    changed: pl.Series | None
+    kept: pl.DataFrame | None
+
+
+def helpers_file(lake: str | Path) -> Path:
+    return runs_folder(lake, "chain") / "summary_helpers.parquet"
+
+
+def plan_chain(lake: str | Path, reuse: bool) -> ChainPlan:
+    inputs = RecordedInputs(runs_folder(lake, "chain"))
+    digests = session_digests(lake)
+    histories = table_dir(lake, "histories")
+    previous = inputs.previous(chain_key(), fingerprint(histories)) if reuse else None
+    inputs.forget()  # until this chain is recorded, nothing describes the table
+    if previous is None or not helpers_file(lake).is_file():
+        return ChainPlan(digests, None, None)
+    changed = changed_users(previous[0], digests)
+    kept = read_lake_table(lake, "histories").join(pl.read_parquet(helpers_file(lake)), on="user_id")
+    _say("chain: %d users' sessions changed since the last chain, the others keep theirs", changed.len())
+    return ChainPlan(digests, changed, kept)
+
+
+def record_chain(lake: str | Path, plan: ChainPlan, histories_with_helpers: pl.DataFrame) -> None:
+    """After the swap: the sessions' digests and the summary helpers of every history."""
+    helpers = histories_with_helpers.select("user_id", *SUMMARY_HELPERS)
+    with atomic_file(helpers_file(lake)) as temporary:
+        helpers.write_parquet(temporary)
+    inputs = RecordedInputs(runs_folder(lake, "chain"))
+    inputs.record(
+        chain_key(), fingerprint(table_dir(lake, "histories")), plan.digests, empty_not_executable()
+    )

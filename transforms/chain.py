@@ -119,6 +119,19 @@ def chain(sessions: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+#: the per-user figures ``chain_stats`` needs beyond the histories' own columns
+SUMMARY_HELPERS = ("_decidable", "_clicked_pairs", "_clicked_continued", "_clicked_overlap", "_splits")
+
+
+def chain_some(sessions: pl.LazyFrame, kept: pl.DataFrame, changed: pl.Series) -> pl.DataFrame:
+    """The histories ``chain(sessions)`` gives, from the ``kept`` rows (histories with their
+    ``SUMMARY_HELPERS``) of users not in ``changed`` and the chains of those who are: a user's
+    history depends on their own sessions alone."""
+    fresh = chain(sessions.filter(pl.col("user_id").is_in(changed.implode()))).collect()
+    others = kept.filter(~pl.col("user_id").is_in(changed.implode())).select(fresh.columns)
+    return pl.concat([others, fresh], how="vertical_relaxed").sort("user_id")
+
+
 class ChainStats(BaseModel):
     """Chain summary, named like ``PAPER`` where the paper reports the same figure."""
 

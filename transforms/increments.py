@@ -99,6 +99,11 @@ def rendering_digests(lake: str | Path, *, with_extraction: bool) -> pl.DataFram
     return _per_user(_per_table(lake, with_extraction))
 
 
+def session_digests(lake: str | Path) -> pl.DataFrame:
+    """(user_id, digest): per user, a digest of their sessions rows, all a history depends on."""
+    return _row_digests(scan_table(lake, "sessions"), "sessions").select("user_id", "digest").collect()
+
+
 def extraction_digests(lake: str | Path, states: str | Path) -> pl.DataFrame:
     """(user_id, digest): per user, what extraction reads of them: their states as rendered before
     extraction (in the lake-shaped folder ``states``) and the lake rows behind their timelines."""

@@ -42,6 +42,9 @@ def test_a_new_day_equals_a_full_run(prefect_harness, tmp_path: Path):
     assert set(manifest["reused"]) == bundle - {f"bundle/{a}" for a in added}
     assert manifest["users"]["read"] == again["ingest"]["increment"]["users_read"] > 0
     users = read_lake_table(lake, "sessions")["user_id"].n_unique()
+    chained = again["chain"]  # only the users whose sessions changed get a new history
+    assert 0 < chained["users_chained"] < users and chained["users_kept"] == users - chained["users_chained"]
+    assert full["chain"]["users_kept"] == 0 and again["chain"]["stats"] == full["chain"]["stats"]
     rendered = again["records"]["records"]["users_rendered"]
     assert 0 < rendered < users and again["records"]["records"]["users_kept"] == users - rendered
     assert full["records"]["records"]["users_rendered"] == users

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import polars as pl
 import pytest
 
-from transforms.chain import PAPER, chain, chain_stats, stats_markdown
+from transforms.chain import PAPER, chain, chain_some, chain_stats, stats_markdown
 from transforms.lake import read_lake_table, write_table
 from transforms.schemas import SESSIONS
 
@@ -112,3 +112,22 @@ def test_histories_round_trip_through_the_lake(tmp_path, histories):
     write_table(tmp_path, "histories", histories)
     back = read_lake_table(tmp_path, "histories").sort("user_id")
     assert back.equals(histories.select(back.columns))
+
+
+def test_chaining_some_users_again_gives_what_chaining_everyone_gives():
+    before = sessions()
+    grown = pl.concat(  # user a gains a session, c loses one, d appears; b is untouched
+        [before.filter(pl.col("session_id") != "c2"),
+         before.filter(pl.col("session_id") == "a3").with_columns(
+             pl.lit("a4").alias("session_id"), pl.col("start_ts", "end_ts") + timedelta(minutes=140)),
+         before.filter(pl.col("session_id") == "b1").with_columns(
+             pl.lit("d1").alias("session_id"), pl.lit("d").alias("user_id"))]
+    )  # fmt: skip
+    kept = chain(before.lazy()).collect()
+    kept = kept.with_columns(pl.col("session_ids").list.eval(pl.element() + "-stale"))  # not to be reused
+    everyone = chain(grown.lazy()).collect()
+    some = chain_some(grown.lazy(), kept, pl.Series(["a", "c", "d"]))  # kept: every earlier history
+    assert some.equals(everyone.select(some.columns).with_columns(
+        pl.when(pl.col("user_id") == "b").then(pl.col("session_ids").list.eval(pl.element() + "-stale"))
+        .otherwise(pl.col("session_ids")).alias("session_ids")))  # fmt: skip
+    assert chain_stats(some.with_columns(everyone["session_ids"])) == chain_stats(everyone)
