@@ -137,6 +137,12 @@ def records(
     export_split: Annotated[
         str, typer.Option("--export-split", help="train | val | test | a,b | all")
     ] = "train",
+    export_tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-tokenizer", help="a local model folder: count the export's tokens with its tokenizer"
+        ),
+    ] = None,
 ) -> None:
     """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
     from flows.records import records_flow
@@ -156,6 +162,10 @@ def records(
     check_lake(lake, ["steps", "sessions", "items"])
     if export_jsonl is not None:
         check_writable_file(export_jsonl, "--export-jsonl")
+    if export_tokenizer is not None and not (export_tokenizer / "tokenizer_config.json").is_file():
+        raise typer.BadParameter(
+            f"{export_tokenizer} holds no tokenizer_config.json", param_hint="'--export-tokenizer'"
+        )
     result = records_flow(
         str(lake.resolve()),
         modes=list(MODES) if Mode(mode) is Mode.both else [Mode(mode).value],
@@ -163,6 +173,7 @@ def records(
         chunk_states=chunk_states,
         export_jsonl=str(export_jsonl.resolve()) if export_jsonl else None,
         export_splits=export_splits(export_split),
+        export_tokenizer=str(export_tokenizer.resolve()) if export_tokenizer else None,
     )
     print_records_summary(console, result)
     # the flow records the run before the export's refusal is said: a clean stop, exit code 1

@@ -53,13 +53,21 @@ def with_lake_geometry(lake: str, settings: PromptSettings | None) -> PromptSett
 
 
 @task(name="export-chat-jsonl", cache_policy=NO_CACHE, **IO_RETRIES)
-def export(lake: str, path: str, splits: list[str] | None, modes: list[str] | None) -> dict:
-    """The export's summary; when there is nothing to train on, its message under ``nothing_to_train_on``
-    (the flow records the run first, then stops)."""
+def export(
+    lake: str, path: str, splits: list[str] | None, modes: list[str] | None, tokenizer: str | None = None
+) -> dict:
+    """The export's summary, with its lines' token lengths under ``tokenizer`` (a local model folder)
+    when given; when there is nothing to train on, its message under ``nothing_to_train_on`` (the flow
+    records the run first, then stops)."""
     try:
-        return {**export_chat_jsonl(lake, path, splits=splits, modes=modes).model_dump(), "splits": splits}
+        summary = export_chat_jsonl(lake, path, splits=splits, modes=modes).model_dump()
     except NothingToTrainOn as err:
         return {**err.summary.model_dump(), "splits": splits, "nothing_to_train_on": str(err)}
+    if tokenizer is not None:
+        from trainer.export_lengths import token_lengths
+
+        summary["token_lengths"] = token_lengths(path, tokenizer).model_dump()
+    return {**summary, "splits": splits}
 
 
 def summary_markdown(result: dict) -> str:
@@ -89,12 +97,13 @@ def records_flow(
     export_jsonl: str | None = None,
     export_splits: list[str] | None = None,
     reuse: bool = True,
+    export_tokenizer: str | None = None,
 ) -> dict:
     """steps/sessions/items/history (+ rationales, intents when extracted) -> records; optional export
     (with nothing to train on, its reason is in ``export.nothing_to_train_on``: the command stops on it).
     The prompts use the geometry of the lake's own ingest, whatever ``settings.geometry`` says.
     Only users whose rows changed since the last rendering are rendered again (``reuse`` False:
-    every user)."""
+    every user). ``export_tokenizer``: a local model folder whose tokenizer counts the export's tokens."""
     settings = with_lake_geometry(lake, settings)
     modes = modes or list(MODES)
     inputs = tables(lake, RENDERED_FROM)
@@ -109,7 +118,7 @@ def records_flow(
     result = write_staged(lake, RECORDS, inputs, staged_records)
     if export_jsonl:
         started = time.perf_counter()
-        result["export"] = exported = export(lake, export_jsonl, export_splits, None)
+        result["export"] = exported = export(lake, export_jsonl, export_splits, None, export_tokenizer)
         seconds = time.perf_counter() - started
         exported["manifest"] = record_export(lake, export_jsonl, export_splits, exported, seconds)
     return result
@@ -131,5 +140,15 @@ def export_line(exported: dict) -> str:
     line = f"exported {summary.lines:,} chat lines to {summary.path}"
     if summary.left_out:
         line = f"{line}; {summary.describe_left_out()}"
+    measured = exported.get("token_lengths")
+    if measured:
+        return (
+            f"{line}; tokens per line with {measured['tokenizer']}: median {measured['median']:,}, "
+            f"99th percentile {measured['p99']:,}, longest {measured['longest']:,}: "
+            f"max_length {measured['longest']:,} keeps every answer"
+        )
     longest = summary.longest_token_estimate
-    return f"{line}; the longest is about {longest:,} tokens: train with a max_length of at least that"
+    return (
+        f"{line}; the longest is about {longest:,} tokens (bytes / 3; --export-tokenizer counts them): "
+        "train with a max_length of at least that"
+    )

@@ -823,6 +823,15 @@ def _write_part(frame: pl.DataFrame, root: Path, name: str, zstd_level: int) -> 
     )
 
 
+def bucket_files(lake: str | Path, name: str) -> list[list[Path]]:
+    """A partitioned table's files, bucket by bucket: a user's rows lie in one bucket, but across its
+    files (an ingest writes a file per part, and parts follow page views, not users)."""
+    by_bucket: dict[Path, list[Path]] = {}
+    for path in table_files(lake, name):
+        by_bucket.setdefault(path.parent, []).append(path)
+    return list(by_bucket.values())
+
+
 def write_records(
     lake: str | Path,
     *,
@@ -856,8 +865,8 @@ def write_records(
     quarantined = quarantined_rationales(lake) if rationales is not None else None
     staged = target / STAGING / f"records-{uuid.uuid4().hex[:8]}"
     try:
-        for file_no, path in enumerate(table_files(lake, "steps")):
-            steps = pl.read_parquet(path, hive_partitioning=False)
+        for file_no, paths in enumerate(bucket_files(lake, "steps")):
+            steps = pl.read_parquet(paths, hive_partitioning=False)
             if only_users is not None:
                 steps = steps.filter(pl.col("user_id").is_in(only_users.implode()))
             for chunk_no, users in enumerate(user_chunks(steps, chunk_states)):

@@ -95,3 +95,34 @@ def test_export_before_extraction_exits_non_zero(prefect_harness, tmp_path):
     assert result.exit_code == 1 and not out.exists()
     assert "nothing to train on yet" in result.output and "22 rationale_missing" in result.output
     assert "run `trajforge extract` first" in result.output
+
+
+def test_export_counts_its_tokens_with_the_training_tokenizer(prefect_harness, tmp_path):
+    import json
+
+    from trainer.models import load_tokenizer, train_tokenizer
+
+    lake = two_day_lake(tmp_path)
+    records_flow(lake, settings=PromptSettings())
+    extract_lake(lake, ExtractSettings(progress=False))
+    out, folder = tmp_path / "sft.jsonl", tmp_path / "tokenizer"
+    records_flow(lake, settings=PromptSettings(), export_jsonl=str(out), export_splits=None)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    texts = [m["content"] for line in lines for m in [*line["prompt"], *line["completion"]]]
+    train_tokenizer(texts, vocab_size=400).save_pretrained(folder)
+    result = CliRunner().invoke(
+        app, ["records", "--lake", lake, "--export-jsonl", str(out), "--export-split", "all",
+              "--export-tokenizer", str(folder)], env={"COLUMNS": "400"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    tokenizer = load_tokenizer(folder)
+    longest = max(
+        len(tokenizer.apply_chat_template([*x["prompt"], *x["completion"]], return_dict=True)["input_ids"])
+        for x in lines
+    )
+    assert f"longest {longest:,}: max_length {longest:,} keeps every answer" in " ".join(
+        result.output.split()
+    )
+    missing = CliRunner().invoke(app, ["records", "--lake", lake, "--export-jsonl", str(out),
+                                       "--export-tokenizer", str(tmp_path)])  # fmt: skip
+    assert missing.exit_code == 2 and "holds no tokenizer_config.json" in missing.output

@@ -656,3 +656,31 @@ def test_export_refuses_records_that_cannot_tell_a_missing_rationale(tmp_path):
     with pytest.raises(ValueError, match="re-run `trajforge records` first"):
         export_chat_jsonl(tmp_path, tmp_path / "sft.jsonl")
     assert not (tmp_path / "sft.jsonl").exists()
+
+
+def test_a_user_whose_steps_lie_in_several_files_renders_one_cross_session_history(tmp_path):
+    # a bundle ingested in several parts: parts follow page views, so a user's steps lie in several
+    # files of their bucket, and the cross-mode history must still cover every earlier session
+    from synthetic.bundle import write_bundle as generate
+    from transforms.config import IngestSettings
+    from transforms.ingest import ingest_bundle
+    from transforms.records import needed_items
+
+    generate(tmp_path / "raw", users=12, seed=5)
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake", IngestSettings(spill_part_rows=3_000, buckets=2))
+    lake = tmp_path / "lake"
+    steps = read_lake_table(lake, "steps")
+    files_per_user = pl.concat(
+        [pl.read_parquet(p, hive_partitioning=False).select("user_id").unique().with_columns(
+            pl.lit(str(p)).alias("file")) for p in table_files(lake, "steps")]
+    ).group_by("user_id").len()  # fmt: skip
+    assert files_per_user["len"].max() > 1
+    write_records(lake, modes=["cross"], with_extraction=False)
+    written = read_lake_table(lake, "records").sort("record_id")
+    settings = PromptSettings()
+    whole = build_records(
+        steps, read_lake_table(lake, "sessions"), needed_items(lake, settings), mode="cross",
+        history=read_lake_table(lake, "history"), settings=settings,
+    ).sort("record_id")  # fmt: skip
+    assert written["record_id"].to_list() == whole["record_id"].to_list()
+    assert written["prompt"].to_list() == whole["prompt"].to_list()
