@@ -195,8 +195,9 @@ def plan_chain(lake: str | Path, reuse: bool) -> ChainPlan:
     inputs = RecordedInputs(runs_folder(lake, "chain"))
     digests = session_digests(lake)
     histories = table_dir(lake, "histories")
+    # the record names the histories table it describes: once a chain swaps in another, it matches no
+    # more until that chain records its own (a chain stopped at its gate leaves both as they were)
     previous = inputs.previous(chain_key(), fingerprint(histories)) if reuse else None
-    inputs.forget()  # until this chain is recorded, nothing describes the table
     if previous is None or not helpers_file(lake).is_file():
         return ChainPlan(digests, None, None)
     changed = changed_users(previous[0], digests)

@@ -127,7 +127,9 @@ def test_a_new_day_is_ingested_from_its_files_alone_and_equals_the_whole_bundle(
     raw_before, grown, new_files = day
     raw, lake, fresh = tmp_path / "raw", tmp_path / "lake", tmp_path / "fresh"
     shutil.copytree(raw_before, raw)
+    (tmp_path / ".lake.landed-0badf00d").mkdir()  # rows a killed ingest left staged: raw ids, removed
     first = ingest_bundle(raw, lake)
+    assert not (tmp_path / ".lake.landed-0badf00d").exists()
     assert first.increment == {"whole_bundle": "the lake has no landed rows"}
     assert first.flagged_by_reason.get("missing_profile", 0) >= 1  # the late profile's user
     assert first.quarantine_by_reason.get("session_without_actions", 0) >= 1  # the feed before its events

@@ -75,6 +75,8 @@ class LandedWriter:
         self.target = landed_dir(lake)
         self.root = self.target.parent / f".{self.target.name}-{self.token}"
         self.sealed = False
+        for stale in self.target.parent.glob(f".{self.target.name}-*"):  # left by a killed ingest
+            shutil.rmtree(stale, ignore_errors=True)
 
     def _write(self, folder: Path, frame: pl.DataFrame) -> None:
         if frame.height == 0:
