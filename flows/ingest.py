@@ -105,12 +105,9 @@ def ingest_bundle_flow(
         markdown=summary_markdown,
     )  # fmt: skip
 
-    def kept(staged: Staged) -> Staged:
-        summary_of.update(staged.details)
-        return staged
-
     def staged_tables(staged: str) -> Staged:
         summary = ingest_tables(raw, lake, staged, settings, source_format, new_files_only)
+        summary_of.update(summary)  # the landed rows it left staged are placed after the swap
         increment = summary["increment"]
         if "files_read" not in increment:
             return Staged(summary, summary["counts"], settings=summary["settings"])
@@ -129,7 +126,7 @@ def ingest_bundle_flow(
     summary_of: dict = {}
     inputs = bundle_inputs(raw)
     try:
-        return write_staged(lake, spec, inputs, lambda staged: kept(staged_tables(staged)), after_swap)
+        return write_staged(lake, spec, inputs, staged_tables, after_swap)
     finally:  # a stopped gate leaves the landed rows as they were
         if "landed_staged" in summary_of.get("increment", {}):
             discard_sealed(summary_of["increment"]["landed_staged"])

@@ -45,3 +45,19 @@ def swap_into_place(staged: Path, target: Path) -> None:
         os.replace(target, old)
     os.replace(staged, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def link_tree(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
+    """Every Parquet file under ``source`` (but the relative paths in ``skip``) hard-linked at the same
+    place under ``target``, copied where a link cannot be made: files written once and never changed
+    are shared instead of rewritten."""
+    for path in sorted(source.rglob("*.parquet")):
+        relative = path.relative_to(source)
+        if relative.as_posix() in skip:
+            continue
+        linked = target / relative
+        linked.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, linked)
+        except OSError:
+            shutil.copy2(path, linked)

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
 
 from transforms.config import IngestSettings
-from transforms.files import atomic_file, swap_into_place
+from transforms.files import atomic_file, link_tree, swap_into_place
 from transforms.fingerprints import code_version, fingerprint
 from transforms.ingest.item_index import ItemIndex
 from transforms.readers import empty_typed, no_event_marks, raw_table_files
@@ -40,8 +38,6 @@ from transforms.schemas import RAW_TABLES
 
 RECORD = "landed.json"
 ORPHAN_BUCKET = -1  # feeds of page views no event names (yet)
-BUCKETED = ("events", "feeds")
-WHOLE = ("profiles", "history")
 LAYOUT_VERSION = 1
 
 
@@ -113,19 +109,9 @@ class LandedWriter:
         (self.root / "item_index.seed").write_text(f"{index.seed}\n")
 
     def link_from(self, lake: str | Path) -> None:
-        """Hard-link (copy where links cannot be made) the lake's landed files, ``landed.json`` and the
-        item index aside, into this writer's folder: the earlier rows stay as they were."""
-        source = landed_dir(lake)
-        for path in sorted(source.rglob("*.parquet")):
-            relative = path.relative_to(source)
-            if relative.as_posix() == "item_index.parquet":
-                continue
-            target = self.root / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
+        """The lake's landed files (its item index aside) hard-linked into this writer's folder: the
+        earlier rows stay as they were."""
+        link_tree(landed_dir(lake), self.root, skip=("item_index.parquet",))
 
     def seal(self, files: dict[str, str], settings: IngestSettings) -> Path:
         """Write the record a later ingest compares the bundle with (every landed file's fingerprint);
@@ -214,10 +200,3 @@ class Landed:
         index = ItemIndex(frame.drop("_key"), seed, frame["_h"])
         index.keys = keys
         return index
-
-
-def landed_buckets(lake: str | Path) -> Iterator[int]:
-    """The buckets the lake's landed events and feeds occupy."""
-    for table in BUCKETED:
-        for folder in (landed_dir(lake) / table).glob("bucket=*"):
-            yield int(folder.name.removeprefix("bucket="))

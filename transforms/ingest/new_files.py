@@ -13,8 +13,6 @@ read (``plan_new_files`` says why).
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from transforms.config import IngestSettings
+from transforms.files import link_tree
 from transforms.fingerprints import code_version
 from transforms.ingest.accounting import Totals, count_rows, ingest_quarantine, ingest_result, profile_flags
 from transforms.ingest.chunks import TableReader, read_chunk_rows, stack_frames
@@ -205,17 +204,6 @@ def table_rows(lake: str | Path, name: str) -> int:
     return pl.scan_parquet(files, hive_partitioning=False).select(pl.len()).collect().item() if files else 0
 
 
-def _link_tree(source: Path, target: Path) -> None:
-    """``source``'s files hard-linked under ``target`` (copied where links cannot be made)."""
-    for path in sorted(source.rglob("*.parquet")):
-        linked = target / path.relative_to(source)
-        linked.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, linked)
-        except OSError:
-            shutil.copy2(path, linked)
-
-
 def keep_other_users(
     lake: Path, run: StagedRun, users: pl.Series, views: pl.Series, pseudonymize: Pseudonymizer
 ) -> None:
@@ -233,7 +221,7 @@ def keep_other_users(
             else:
                 rows = rows.filter(~pl.col("session_id").is_in(session_keys))
             run.tables[name].add(rows, KEPT_PART)
-    _link_tree(table_dir(lake, "items"), run.tables["items"].staged)
+    link_tree(table_dir(lake, "items"), run.tables["items"].staged)
 
 
 def kept_quarantine(lake: Path, located: pl.DataFrame) -> pl.DataFrame:
