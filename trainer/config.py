@@ -128,6 +128,12 @@ class TrainSettings(BaseSettings):
     screen_id_tail: int | None = Field(
         48, ge=1, description="prompt tokens the screen-id loss reads before the click's opening (None: all)"
     )
+    anonymise_item_ids: bool = Field(
+        False,
+        description="SFT: each drawn state's catalog ids (prompt, response, screen-id choices) replaced by "
+        "random catalog ids, one map per state, so a model learns to copy an id from the screen, not to "
+        "remember which screens show it (ids one token each: tiny.item_id_tokens); False: ids as recorded",
+    )
     # --- optimisation ------------------------------------------------------------------
     steps: int = Field(40, ge=1, description="optimiser updates")
     states_per_update: int = Field(8, ge=1, description="states in one update (the effective batch)")

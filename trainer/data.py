@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -81,6 +81,8 @@ class EncodedState:
     record: RecordText
     prompt_ids: list[int]
     response_ids: list[int]  # ends with eos
+    # where the state's item ids were anonymised: each id token of the record's text -> the one it shows
+    id_map: dict[int, int] = field(default_factory=dict)
 
 
 def load_records(

@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.anonymise import anonymised, id_token_table
 from trainer.checkpoint import (
     check_resumable,
     checkpoints_dir,
@@ -267,6 +268,7 @@ class TrainingRun:
         if settings.activation_checkpointing:
             enable_activation_checkpointing(self.model)
         self.pool = self.build_pool(pool_records)
+        self.id_tokens = self.anonymising_ids()
         self.held_out = self.held_out_states(held_out_records)
         check_users_apart(self.pool.records, [s.record for s in self.held_out])
         self.probe = self.encode_probe()
@@ -350,10 +352,23 @@ class TrainingRun:
             records, self.tokenizer, s.max_prompt_tokens, s.max_response_tokens, False, with_intent
         )
 
+    def anonymising_ids(self) -> torch.Tensor | None:
+        """The catalog's id tokens an SFT update anonymises with (``anonymise_item_ids``); None: off."""
+        if not self.settings.anonymise_item_ids:
+            return None
+        return id_token_table(self.tokenizer, catalog_item_ids(self.lake))
+
+    def drawn(self, k: int) -> list[EncodedState]:
+        """``draw``, each state's ids anonymised where the settings say so."""
+        states = self.draw(k)
+        if self.id_tokens is None:
+            return states
+        return [anonymised(state, self.id_tokens) for state in states]
+
     def update(self, timer: PhaseTimer) -> tuple[StepReport, dict[str, Any]]:
         """One SFT update, its loss the mean over all ranks' states; no extra row values."""
         with timer.phase("data"):
-            states = self.draw(self.settings.states_per_update)
+            states = self.drawn(self.settings.states_per_update)
             batches: list[Batch | ScreenIdBatch] = list(
                 micro_batches(
                     self.world.shard(states), self.settings.micro_batch_states, self.tokenizer, self.device
@@ -370,7 +385,7 @@ class TrainingRun:
         s = self.settings
         if not s.screen_id_weight:
             return []
-        drawn = self.world.shard([*states, *self.draw(s.screen_id_states)])
+        drawn = self.world.shard([*states, *self.drawn(s.screen_id_states)])
         batch = screen_id_batch(drawn, self.tokenizer, s.screen_id_tail)
         return [] if batch is None else [batch.to(self.device)]
 

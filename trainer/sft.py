@@ -85,7 +85,8 @@ def one_token(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
 def screen_id_batch(
     states: Sequence[EncodedState], tokenizer: PreTrainedTokenizerBase, tail: int | None
 ) -> ScreenIdBatch | None:
-    """The screen-id batch of those ``states`` whose click line lists ids; None when none does."""
+    """The screen-id batch of those ``states`` whose click line lists ids (as anonymised, where a state's
+    ids were); None when none does."""
     opening = tokenizer(CLICK_ID_PREFIX, add_special_tokens=False)["input_ids"]
     rows, choices = [], []
     for state in states:
@@ -93,7 +94,8 @@ def screen_id_batch(
         if listed:
             prompt = state.prompt_ids[-tail:] if tail else state.prompt_ids
             rows.append(prompt + opening)
-            choices.append([one_token(tokenizer, item_id) for item_id in listed])
+            tokens = [one_token(tokenizer, item_id) for item_id in listed]
+            choices.append([state.id_map.get(t, t) for t in tokens])
     if not rows:
         return None
     width, most = max(map(len, rows)), max(map(len, choices))
