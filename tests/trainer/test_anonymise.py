@@ -4,9 +4,11 @@ its prompt, its response and its screen-id choices; drawn from torch's generator
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.extractors.tinylake import ITEM
 from tests.trainer.test_optd import train_settings
@@ -108,3 +110,26 @@ def test_a_run_anonymises_every_state_it_trains_on_with_the_lakes_catalog(tiny_l
 def test_a_run_without_the_setting_anonymises_nothing(tiny_lake, tmp_path, monkeypatch):
     monkeypatch.setattr(run_module, "anonymised", lambda *_: pytest.fail("anonymised without the setting"))
     run_sft(train_settings(steps=1, tiny={"vocab_size": 400}), tiny_lake, tmp_path / "run", progress=False)
+
+
+def test_a_resumed_run_anonymises_as_the_uninterrupted_one_does(tiny_lake, tmp_path, monkeypatch):
+    maps: dict[str, list[dict[int, int]]] = {"whole": [], "parts": []}
+    run = ["whole"]
+
+    def spied(state, id_tokens):
+        shown = anonymised(state, id_tokens)
+        maps[run[0]].append(shown.id_map)
+        return shown
+
+    monkeypatch.setattr(run_module, "anonymised", spied)
+    settings = train_settings(steps=4, states_per_update=3, checkpoint_every=2, anonymise_item_ids=True,
+                              tiny={"vocab_size": 400, "item_id_tokens": True})  # fmt: skip
+    whole = run_sft(settings, tiny_lake, tmp_path / "whole", progress=False)
+    run[0] = "parts"
+    run_sft(settings, tiny_lake, tmp_path / "parts", stop_after=2, progress=False)
+    rest = run_sft(settings, tiny_lake, tmp_path / "parts", resume=True, progress=False)
+    # the generator a checkpoint saves draws the same maps after the restart, and the same weights follow
+    assert any(maps["whole"]) and maps["parts"] == maps["whole"]
+    a = load_file(Path(whole.checkpoint) / "model.safetensors")
+    b = load_file(Path(rest.checkpoint) / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
