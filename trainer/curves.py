@@ -97,7 +97,9 @@ def panels(stage: str) -> tuple[Panel, ...]:
             "Training and held-out loss",
             "loss (token NLL)",
             (
-                Series("train", ("loss",), "training loss", LOSS_COLOUR),
+                # the responses' NLL, as the held-out loss is: an update's loss adds the screen-id
+                # loss's states (screen_id_weight), summed, on another scale
+                Series("train", ("nll", "loss"), "training loss", LOSS_COLOUR),
                 Series("eval", ("held_out_loss",), "held-out loss", HELD_OUT_COLOUR),
             ),
         )
@@ -182,7 +184,7 @@ def draw_panel(axes: Axes, rows: Sequence[dict[str, Any]], panel: Panel) -> int:
             axes.plot(steps, values, linestyle="--", marker=series.marker, markersize=series.marker_size,
                       color=series.colour, linewidth=1.2, label=label)  # fmt: skip
             continue
-        smooth = series.keys == ("loss",) and len(values) >= SMOOTH_FROM
+        smooth = "loss" in series.keys and len(values) >= SMOOTH_FROM
         style = {"marker": "o", "markersize": 3} if len(values) <= 30 else {}
         axes.plot(steps, values, color=series.colour, linewidth=0.8 if smooth else 1.5,
                   alpha=0.35 if smooth else 1.0, label=label, **style)  # fmt: skip

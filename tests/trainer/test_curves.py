@@ -81,6 +81,16 @@ def test_sft_figure_has_the_loss_and_share_panels_with_the_rows_values():
     assert low < 0 < 1 < high < 1.1
 
 
+def test_the_sft_training_line_is_the_responses_nll_where_the_loss_adds_the_screen_id_part():
+    # with screen_id_weight an update's loss is the responses' NLL plus the screen-id states' sum:
+    # the line beside the held-out loss is the NLL, on the held-out loss's scale, as written per update
+    rows = [{**row, "loss": row["nll"] + 40.0, "screen_id": 40.0} if row["kind"] == "train" else row
+            for row in sft_rows()]  # fmt: skip
+    steps, values, _ = lines(plot_training_curves(rows, "sft"))["training loss"]
+    assert steps == [1, 2, 3, 4]
+    same(values, [5.9, 4.1, 3.2, 2.7])
+
+
 def test_held_out_points_carry_markers_and_every_panel_a_legend_beside_it():
     figure = plot_training_curves(sft_rows(), "sft")
     for axes in figure.axes:
