@@ -183,6 +183,17 @@ def write_table(
         staged.discard()
 
 
+def write_table_part(
+    root: str | Path, name: str, frame: pl.DataFrame, file_name: str, *, zstd_level: int = 1
+) -> None:
+    """One file of lake table ``name`` into the lake-shaped folder ``root`` (a staging folder several
+    writers share, each with its own ``file_name``): under its ``bucket=K/`` folders when partitioned.
+    An empty frame writes nothing."""
+    if frame.height:
+        partition_by = "bucket" if name in PARTITIONED else None
+        _write_tree(frame, LAKE_TABLES[name], table_dir(root, name), partition_by, zstd_level, file_name)
+
+
 def quarantine_dir(lake: str | Path, stage: str) -> Path:
     """The quarantine partition of one stage (``quarantine/stage=NAME``)."""
     return table_dir(lake, "quarantine") / f"stage={stage}"
@@ -205,15 +216,28 @@ def table_files(lake: str | Path, name: str) -> list[Path]:
     return sorted(table_dir(lake, name).rglob("*.parquet"))
 
 
+def bucket_files(lake: str | Path, name: str) -> list[list[Path]]:
+    """A partitioned table's files, bucket by bucket: a user's rows lie in one bucket, but across its
+    files (an ingest writes a file per part, and parts follow page views, not users)."""
+    by_bucket: dict[Path, list[Path]] = {}
+    for path in table_files(lake, name):
+        by_bucket.setdefault(path.parent, []).append(path)
+    return list(by_bucket.values())
+
+
 def scan_table(lake: str | Path, name: str, columns: Sequence[str] | None = None) -> pl.LazyFrame:
     """Lazy scan of a lake table with its declared types (hive columns included)."""
-    schema = LAKE_TABLES[name]
     files = table_files(lake, name)
     if not files:
         raise FileNotFoundError(f"lake table {name!r} not found under {lake}")
+    return scan_files(name, files, columns)
+
+
+def scan_files(name: str, files: Sequence[str | Path], columns: Sequence[str] | None = None) -> pl.LazyFrame:
+    """Lazy scan of some files of lake table ``name`` (a bucket's, say) with its declared types."""
     frame = pl.scan_parquet(
         [str(f) for f in files],
-        schema=polars_schema(schema),
+        schema=polars_schema(LAKE_TABLES[name]),
         hive_partitioning=False,
     )
     return frame.select(columns) if columns else frame

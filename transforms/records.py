@@ -33,6 +33,7 @@ from transforms.files import atomic_file, swap_into_place
 from transforms.increments import empty_not_executable, files_without_users
 from transforms.lake import (
     STAGING,
+    bucket_files,
     conform,
     read_lake_table,
     recorded_settings,
@@ -716,6 +717,29 @@ class RecordsSummary(BaseModel):
     settings: dict[str, Any] = {}
     # per user, mode and action: the not-executable states behind ``gold_not_executable``
     _not_executable: list[pl.DataFrame] = PrivateAttr(default_factory=list)
+    _token_estimate_sum: int = PrivateAttr(default=0)  # the mean's exact numerator, so parts merge exactly
+
+    @classmethod
+    def merged(
+        cls, parts: list[RecordsSummary], modes: list[str], settings: dict[str, Any]
+    ) -> RecordsSummary:
+        """One summary of several renderings' parts (a bucket each): totals added, the mean of the
+        token estimates over all their records."""
+        whole = cls(modes=modes, settings=settings)
+        for part in parts:
+            whole.records += part.records
+            whole.chunks += part.chunks
+            whole.with_rationale += part.with_rationale
+            whole.with_intent += part.with_intent
+            whole.token_estimate_max = max(whole.token_estimate_max, part.token_estimate_max)
+            whole._token_estimate_sum += part._token_estimate_sum
+            whole.by_mode_split = _added(whole.by_mode_split, part.by_mode_split)
+            whole.gold_missing = _added(whole.gold_missing, part.gold_missing)
+            whole.gold_not_executable = _added(whole.gold_not_executable, part.gold_not_executable)
+            whole._not_executable.extend(part._not_executable)
+        if whole.records:
+            whole.token_estimate_mean = round(whole._token_estimate_sum / whole.records, 1)
+        return whole
 
     def add(self, frame: pl.DataFrame) -> None:
         """Fold one chunk of built records into the totals."""
@@ -742,10 +766,8 @@ class RecordsSummary(BaseModel):
     def _count(self, frame: pl.DataFrame) -> None:
         total = self.records + frame.height
         if frame.height:
-            mean = float(frame["token_estimate"].mean())  # type: ignore[arg-type]
-            self.token_estimate_mean = round(
-                (self.token_estimate_mean * self.records + mean * frame.height) / total, 1
-            )
+            self._token_estimate_sum += int(frame["token_estimate"].sum())
+            self.token_estimate_mean = round(self._token_estimate_sum / total, 1)
             self.token_estimate_max = max(self.token_estimate_max, int(frame["token_estimate"].max()))  # type: ignore[arg-type]
         self.records, self.chunks = total, self.chunks + 1
         self.with_rationale += int(frame["rationale"].is_not_null().sum())
@@ -756,6 +778,11 @@ class RecordsSummary(BaseModel):
             key = f"{mode}/{split}"
             self.by_mode_split[key] = self.by_mode_split.get(key, 0) + n
         self.by_mode_split = dict(sorted(self.by_mode_split.items()))
+
+
+def _added(mine: dict[str, int], theirs: dict[str, int]) -> dict[str, int]:
+    keys = sorted({*mine, *theirs})
+    return {key: mine.get(key, 0) + theirs.get(key, 0) for key in keys}
 
 
 def user_chunks(steps: pl.DataFrame, max_states: int) -> Iterator[pl.Series]:
@@ -769,9 +796,13 @@ def user_chunks(steps: pl.DataFrame, max_states: int) -> Iterator[pl.Series]:
 
 
 def needed_items(lake: str | Path, settings: PromptSettings) -> pl.DataFrame:
-    """``item_texts`` of the items some step shows: cards for those in view or clicked, detail-page
+    """``item_texts`` of the items some step of ``lake`` shows (``items_shown``)."""
+    return items_shown(scan_table(lake, "steps"), scan_table(lake, "items"), settings)
+
+
+def items_shown(steps: pl.LazyFrame, items: pl.LazyFrame, settings: PromptSettings) -> pl.DataFrame:
+    """``item_texts`` of the items ``steps`` show: cards for those in view or clicked, detail-page
     texts only for those opened (the catalog can be far larger than what was seen)."""
-    steps = scan_table(lake, "steps", ["visible_items", "target_item_id", "ipv_item_id"])
     seen = steps.select(
         pl.concat([pl.col("visible_items").explode(), pl.col("target_item_id"), pl.col("ipv_item_id")])
         .drop_nulls()
@@ -779,9 +810,9 @@ def needed_items(lake: str | Path, settings: PromptSettings) -> pl.DataFrame:
         .alias("item_id")
     )
     opened = steps.select(pl.col("ipv_item_id").drop_nulls().unique().alias("item_id"))
-    items = scan_table(lake, "items").join(seen, on="item_id", how="semi").collect()
-    pages = page_texts(items.lazy().join(opened, on="item_id", how="semi"), settings)
-    return card_texts(items.lazy()).join(pages, on="item_id", how="left").collect()
+    shown = items.join(seen, on="item_id", how="semi").collect()
+    pages = page_texts(shown.lazy().join(opened, on="item_id", how="semi"), settings)
+    return card_texts(shown.lazy()).join(pages, on="item_id", how="left").collect()
 
 
 def quarantined_rationales(lake: str | Path) -> pl.DataFrame | None:
@@ -823,15 +854,6 @@ def _write_part(frame: pl.DataFrame, root: Path, name: str, zstd_level: int) -> 
     )
 
 
-def bucket_files(lake: str | Path, name: str) -> list[list[Path]]:
-    """A partitioned table's files, bucket by bucket: a user's rows lie in one bucket, but across its
-    files (an ingest writes a file per part, and parts follow page views, not users)."""
-    by_bucket: dict[Path, list[Path]] = {}
-    for path in table_files(lake, name):
-        by_bucket.setdefault(path.parent, []).append(path)
-    return list(by_bucket.values())
-
-
 def write_records(
     lake: str | Path,
     *,
@@ -844,57 +866,110 @@ def write_records(
     only_users: pl.Series | None = None,
     keep: KeptRendering | None = None,
 ) -> RecordsSummary:
-    """(Re)write the ``records`` table from the lake, whole users at a time, atomically; into the
-    lake-shaped folder ``out`` instead when given (a stage's staging folder). ``with_extraction``
-    False renders the states as before any extraction (no rationales, responses or intents, whatever
-    the lake holds): the prompts extraction shows an LLM, the same on every run.
+    """(Re)write the ``records`` table from the lake, bucket by bucket and whole users at a time,
+    atomically; into the lake-shaped folder ``out`` instead when given (a stage's staging folder).
+    ``with_extraction`` False renders the states as before any extraction (no rationales, responses
+    or intents, whatever the lake holds): the prompts extraction shows an LLM, the same on every run.
 
     ``only_users`` renders those users alone; with ``keep`` (an earlier rendering made with the same
     settings) every other user's records are kept from it, so the table is the one a full rendering
-    of the lake would write."""
-    s = settings or PromptSettings()
-    target = Path(out) if out is not None else Path(lake)
-    summary = RecordsSummary(modes=list(modes), settings=s.model_dump())
-    items = needed_items(lake, s)
-    sessions = read_lake_table(lake, "sessions")
-    history = read_lake_table(lake, "history") if table_files(lake, "history") else None
-    rationales = intents = None
-    if with_extraction:
+    of the lake would write. The buckets here render one after another; ``flows.buckets`` spreads the
+    same ``render_bucket`` calls over a task runner."""
+    rendering = RecordsRendering(
+        lake=str(lake), staged=str(records_staging(Path(out) if out is not None else Path(lake))),
+        modes=list(modes), settings=settings or PromptSettings(), chunk_states=chunk_states,
+        zstd_level=zstd_level, with_extraction=with_extraction, only_users=only_users,
+    )  # fmt: skip
+    try:
+        parts = [render_bucket(rendering, files) for files in steps_buckets(lake)]
+        return finish_records(rendering, parts, keep)
+    finally:
+        shutil.rmtree(rendering.staged, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class RecordsRendering:
+    """What every bucket of one rendering shares: the lake it reads, the staging folder its buckets
+    write into (``bucket=K/`` each), and the settings. Paths and small values only: it travels to
+    whichever process renders a bucket."""
+
+    lake: str
+    staged: str
+    modes: list[str]
+    settings: PromptSettings
+    chunk_states: int = 100_000
+    zstd_level: int = 3
+    with_extraction: bool = True
+    only_users: pl.Series | None = None
+
+
+def records_staging(target: Path) -> Path:
+    return target / STAGING / f"records-{uuid.uuid4().hex[:8]}"
+
+
+def steps_buckets(lake: str | Path) -> list[list[str]]:
+    """The ``steps`` files of each user bucket: the unit a rendering is spread over."""
+    return [[str(path) for path in paths] for paths in bucket_files(lake, "steps")]
+
+
+def render_bucket(rendering: RecordsRendering, steps_files: list[str]) -> RecordsSummary:
+    """Render the users of one bucket (``steps_files``) into ``rendering.staged``, whole users at a
+    time; every other table is read for those users alone."""
+    r, lake = rendering, rendering.lake
+    summary = RecordsSummary(modes=r.modes, settings=r.settings.model_dump())
+    steps = pl.read_parquet(steps_files, hive_partitioning=False)
+    if r.only_users is not None:
+        steps = steps.filter(pl.col("user_id").is_in(r.only_users.implode()))
+    if steps.height == 0:
+        return summary
+    users = steps["user_id"].unique().implode()
+    items = items_shown(steps.lazy(), scan_table(lake, "items"), r.settings)
+    sessions = scan_table(lake, "sessions").filter(pl.col("user_id").is_in(users)).collect()
+    history = None
+    if table_files(lake, "history"):
+        history = scan_table(lake, "history").filter(pl.col("user_id").is_in(users)).collect()
+    rationales = intents = quarantined = None
+    if r.with_extraction:
         rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
         intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
-    quarantined = quarantined_rationales(lake) if rationales is not None else None
-    staged = target / STAGING / f"records-{uuid.uuid4().hex[:8]}"
-    try:
-        for file_no, paths in enumerate(bucket_files(lake, "steps")):
-            steps = pl.read_parquet(paths, hive_partitioning=False)
-            if only_users is not None:
-                steps = steps.filter(pl.col("user_id").is_in(only_users.implode()))
-            for chunk_no, users in enumerate(user_chunks(steps, chunk_states)):
-                chunk = steps.filter(pl.col("user_id").is_in(users.implode()))
-                mine = pl.col("user_id").is_in(users.implode())
-                for mode in modes:
-                    built = build_records(
-                        chunk,
-                        sessions.filter(mine),
-                        items,
-                        mode=mode,  # type: ignore[arg-type]
-                        history=None if history is None else history.filter(mine),
-                        rationales=rationales,
-                        quarantined=quarantined,
-                        intents=_for_mode(intents, mode),
-                        settings=s,
-                    )
-                    summary.add(built)
-                    if built.height:
-                        _write_part(built, staged, f"part-{file_no}-{chunk_no}-{mode}.parquet", zstd_level)
-        if keep is not None and only_users is not None:
-            keep.copy_into(staged, only_users, summary, zstd_level)
-        if summary.records == 0:
-            write_table(target, "records", polars_schema(RECORDS).to_frame())
-        else:
-            swap_into_place(staged, table_dir(target, "records"))
-    finally:
+        quarantined = quarantined_rationales(lake) if rationales is not None else None
+    for chunk_no, chunk_users in enumerate(user_chunks(steps, r.chunk_states)):
+        mine = pl.col("user_id").is_in(chunk_users.implode())
+        chunk = steps.filter(mine)
+        for mode in r.modes:
+            built = build_records(
+                chunk,
+                sessions.filter(mine),
+                items,
+                mode=mode,  # type: ignore[arg-type]
+                history=None if history is None else history.filter(mine),
+                rationales=rationales,
+                quarantined=quarantined,
+                intents=_for_mode(intents, mode),
+                settings=r.settings,
+            )
+            summary.add(built)
+            if built.height:
+                _write_part(built, Path(r.staged), f"part-{chunk_no}-{mode}.parquet", r.zstd_level)
+    return summary
+
+
+def finish_records(
+    rendering: RecordsRendering, parts: list[RecordsSummary], keep: KeptRendering | None = None
+) -> RecordsSummary:
+    """The reduce of a rendering: the buckets' summaries as one, the kept users' files beside the
+    rendered ones (``keep``), and the staged table swapped in as ``records`` of the target folder
+    (the parent of the staging folder's ``.staging``)."""
+    staged = Path(rendering.staged)
+    target = staged.parent.parent
+    summary = RecordsSummary.merged(parts, rendering.modes, rendering.settings.model_dump())
+    if keep is not None and rendering.only_users is not None:
+        keep.copy_into(staged, rendering.only_users, summary, rendering.zstd_level)
+    if summary.records == 0:
+        write_table(target, "records", polars_schema(RECORDS).to_frame())
         shutil.rmtree(staged, ignore_errors=True)
+    else:
+        swap_into_place(staged, table_dir(target, "records"))
     return summary
 
 

@@ -684,3 +684,21 @@ def test_a_user_whose_steps_lie_in_several_files_renders_one_cross_session_histo
     ).sort("record_id")  # fmt: skip
     assert written["record_id"].to_list() == whole["record_id"].to_list()
     assert written["prompt"].to_list() == whole["prompt"].to_list()
+
+
+def test_a_rendering_bucket_by_bucket_sums_to_its_table(tmp_path):
+    from synthetic.bundle import write_bundle
+    from transforms.ingest import ingest_bundle
+
+    write_bundle(tmp_path / "raw", users=40, seed=3)
+    ingest_bundle(tmp_path / "raw", tmp_path / "lake")
+    summary = write_records(tmp_path / "lake", modes=["single", "cross"], chunk_states=50)
+    records = read_lake_table(tmp_path / "lake", "records")
+    buckets = {path.parent.name for path in table_files(tmp_path / "lake", "records")}
+    assert len(buckets) == 4 and summary.chunks > 2 * len(buckets)  # several chunks in every bucket
+    assert summary.records == records.height
+    by_mode_split = records.group_by("mode", "split").len().sort("mode", "split")
+    assert summary.by_mode_split == {f"{m}/{s}": n for m, s, n in by_mode_split.iter_rows()}
+    # the mean over every record, not a mean of the buckets' rounded means
+    assert summary.token_estimate_mean == round(records["token_estimate"].sum() / records.height, 1)
+    assert summary.token_estimate_max == records["token_estimate"].max()
