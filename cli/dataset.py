@@ -24,8 +24,18 @@ from cli.console import (
     print_validation_summary,
     progress_bar,
 )
-from cli.options import DEFAULT_LAKE, ExtractConfig, IngestConfig, LakeOption, RecordsConfig, Split
-from cli.settings import load_settings
+from cli.options import (
+    DEFAULT_LAKE,
+    ExtractConfig,
+    IngestConfig,
+    LakeOption,
+    RayAddressOption,
+    RecordsConfig,
+    ScaleConfig,
+    Split,
+    TaskRunnerOption,
+)
+from cli.settings import load_scale, load_settings
 from cli.stops import stopped
 from flows.preflight import InputError, check_lake, check_new_lake, check_writable_file, check_writable_folder
 from transforms.config import IngestSettings
@@ -101,11 +111,19 @@ def ingest(
     print_ingest_summary(console, summary)
 
 
-def chain(lake: LakeOption = DEFAULT_LAKE) -> None:
+def chain(
+    lake: LakeOption = DEFAULT_LAKE,
+    config: ScaleConfig = None,
+    task_runner: TaskRunnerOption = None,
+    ray_address: RayAddressOption = None,
+) -> None:
     """Sessions -> per-user histories, with chain statistics beside the UserArena paper's."""
+    from flows.buckets import using_scale
     from flows.chain import chain_flow
 
-    result = chain_flow(str(check_lake(lake, ["sessions"]).resolve()))
+    scale = load_scale(config, task_runner, ray_address)
+    with using_scale(scale):
+        result = chain_flow(str(check_lake(lake, ["sessions"]).resolve()))
     print_chain_summary(console, result)
 
 
@@ -143,8 +161,11 @@ def records(
             "--export-tokenizer", help="a local model folder: count the export's tokens with its tokenizer"
         ),
     ] = None,
+    task_runner: TaskRunnerOption = None,
+    ray_address: RayAddressOption = None,
 ) -> None:
     """Rendered training/evaluation states (the prompt the simulator sees); optional JSONL export."""
+    from flows.buckets import using_scale
     from flows.records import records_flow
     from transforms.prompts import PromptSettings
     from transforms.records import MODES, ExportSummary, NothingToTrainOn
@@ -166,15 +187,17 @@ def records(
         raise typer.BadParameter(
             f"{export_tokenizer} holds no tokenizer_config.json", param_hint="'--export-tokenizer'"
         )
-    result = records_flow(
-        str(lake.resolve()),
-        modes=list(MODES) if Mode(mode) is Mode.both else [Mode(mode).value],
-        settings=settings,
-        chunk_states=chunk_states,
-        export_jsonl=str(export_jsonl.resolve()) if export_jsonl else None,
-        export_splits=export_splits(export_split),
-        export_tokenizer=str(export_tokenizer.resolve()) if export_tokenizer else None,
-    )
+    scale = load_scale(config, task_runner, ray_address)
+    with using_scale(scale):
+        result = records_flow(
+            str(lake.resolve()),
+            modes=list(MODES) if Mode(mode) is Mode.both else [Mode(mode).value],
+            settings=settings,
+            chunk_states=chunk_states,
+            export_jsonl=str(export_jsonl.resolve()) if export_jsonl else None,
+            export_splits=export_splits(export_split),
+            export_tokenizer=str(export_tokenizer.resolve()) if export_tokenizer else None,
+        )
     print_records_summary(console, result)
     # the flow records the run before the export's refusal is said: a clean stop, exit code 1
     if "nothing_to_train_on" in result.get("export", {}):

@@ -30,6 +30,31 @@ def config_option(*sections: str) -> object:
 
 
 IngestConfig = Annotated[Path | None, config_option("ingest")]
-RecordsConfig = Annotated[Path | None, config_option("records")]
+RecordsConfig = Annotated[Path | None, config_option("records", "scale")]
 ExtractConfig = Annotated[Path | None, config_option("extract")]
-RunConfig = Annotated[Path | None, config_option("ingest", "records", "extract", "train", "optd", "main_job")]
+RunConfig = Annotated[
+    Path | None, config_option("ingest", "records", "extract", "train", "optd", "main_job", "scale")
+]
+ScaleConfig = Annotated[Path | None, config_option("scale")]
+
+
+class TaskRunner(StrEnum):
+    """Where the per-bucket tasks run (``--task-runner``; ``flows.buckets``)."""
+
+    local = "local"
+    ray = "ray"
+
+
+TaskRunnerOption = Annotated[
+    TaskRunner | None,
+    typer.Option(
+        "--task-runner",
+        help="per-bucket tasks: local threads, or a Ray cluster (TRAJFORGE_TASK_RUNNER; default local)",
+    ),
+]
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address", help="the Ray cluster with --task-runner ray (RAY_ADDRESS; else a local one)"
+    ),
+]

@@ -2,9 +2,9 @@
 then flags, each above the one before (the order of most command-line tools).
 
 A TOML file may hold every stage's section (``[ingest]``, ``[records]``, ``[extract]``, ``[train]``,
-``[optd]``, ``[main_job]``); each command reads its own, so one file can configure a whole run. A
-section or key that no stage declares is refused with the nearest declared name: a misspelt one
-would otherwise be ignored and its stage run on defaults without a word.
+``[optd]``, ``[main_job]``, and ``[scale]``: where per-bucket tasks run); each command reads its own, so
+one file can configure a whole run. A section or key that no stage declares is refused with the nearest
+declared name: a misspelt one would otherwise be ignored and its stage run on defaults without a word.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SECTIONS: dict[str, str] = {
     "train": "trainer.config:TrainSettings",
     "optd": "trainer.config:OPTDSettings",
     "main_job": "flows.main_job:MainJobSettings",
+    "scale": "flows.buckets:ScaleSettings",
 }
 
 
@@ -129,3 +130,12 @@ def nearest(name: str, valid: object) -> str:
     names = sorted(valid)  # type: ignore[call-overload]
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(names)}"
+
+
+def load_scale(config: Path | None, task_runner: str | None, ray_address: str | None) -> Any:
+    """Where the command's per-bucket tasks run (``flows.buckets.ScaleSettings``): ``[scale]`` of
+    ``config``, the environment, then ``--task-runner`` and ``--ray-address``."""
+    from flows.buckets import ScaleSettings
+
+    runner = None if task_runner is None else str(task_runner)
+    return load_settings(ScaleSettings, "scale", config, task_runner=runner, ray_address=ray_address)

@@ -25,8 +25,8 @@ from cli.console import (
     print_stage_times,
     progress_bar,
 )
-from cli.options import DEFAULT_LAKE, LakeOption, RunConfig, Split
-from cli.settings import load_settings, toml_section
+from cli.options import DEFAULT_LAKE, LakeOption, RayAddressOption, RunConfig, Split, TaskRunnerOption
+from cli.settings import load_scale, load_settings, toml_section
 from cli.stops import stopped
 from flows.preflight import check_lake, check_model_folder, check_sessions, check_writable_folder
 from transforms.config import IngestSettings
@@ -273,11 +273,14 @@ def run(
     users: Annotated[int, typer.Option("--users", min=1)] = 300,
     seed: Annotated[int, typer.Option("--seed")] = 7,
     config: RunConfig = None,
+    task_runner: TaskRunnerOption = None,
+    ray_address: RayAddressOption = None,
 ) -> None:
     """The main job on the embedded default: synthetic logs -> the end-to-end pipeline flow (ingest,
     chain, records, offline extraction, every stage validated) -> SFT, then OPTD -> the checkpoint's
     evaluation report against the world, markov and random."""
     from extractors.config import ExtractSettings
+    from flows.buckets import using_scale
     from flows.main_job import MainJobSettings, demo_optd, demo_records, demo_training, main_job_flow
     from transforms.readers import BundleError
     from validation.report import GateError
@@ -291,10 +294,11 @@ def run(
         "optd": demo_optd(toml_section(config, "train"), toml_section(config, "optd")),
         "job": load_settings(MainJobSettings, "main_job", config),
     }
+    scale = load_scale(config, task_runner, ray_address)
     check_writable_folder(workdir, "--workdir")
     raw, lake = workdir / "raw", workdir / "lake"
     try:
-        with progress_bar(console) as bar:
+        with using_scale(scale), progress_bar(console) as bar:
             bar.add_task("main job: logs -> pipeline (gated) -> train sft -> optd -> evaluate", total=None)
             result = main_job_flow(str(workdir.resolve()), users=users, seed=seed, **stages)
     except (BundleError, GateError, ValueError) as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from prefect.exceptions import MissingContextError
 from extractors.config import ExtractSettings
 from extractors.pipeline import STAGE as EXTRACT_STAGE
 from extractors.pipeline import KeptExtraction
+from flows.buckets import map_buckets, per_bucket
 from flows.caching import code_version, fingerprint
 from transforms.chain import SUMMARY_HELPERS
 from transforms.files import atomic_file
@@ -35,7 +37,16 @@ from transforms.increments import (
 from transforms.lake import STAGING, quarantine_dir, read_lake_table, table_dir
 from transforms.manifest import RUNS
 from transforms.prompts import PromptSettings
-from transforms.records import MODES, KeptRendering, RecordsSummary, write_records
+from transforms.records import (
+    MODES,
+    KeptRendering,
+    RecordsRendering,
+    RecordsSummary,
+    finish_records,
+    records_staging,
+    render_bucket,
+    steps_buckets,
+)
 
 
 def rendering_key(settings: PromptSettings, modes: list[str], with_extraction: bool) -> str:
@@ -58,6 +69,14 @@ def runs_folder(lake: str | Path, stage: str) -> Path:
 def _say(message: str, *args: Any) -> None:
     with contextlib.suppress(MissingContextError):  # called outside a flow: nobody to tell
         get_run_logger().info(message, *args)
+
+
+def _render_records_bucket(bucket: list[str], rendering: RecordsRendering) -> RecordsSummary:
+    """One bucket's states (its ``steps`` files) rendered into the rendering's staging folder."""
+    return render_bucket(rendering, bucket)
+
+
+render_records_bucket = per_bucket("render-records-bucket", _render_records_bucket)
 
 
 def render_states(
@@ -87,16 +106,15 @@ def render_states(
         keep = KeptRendering(table_dir(final, "records"), not_executable)
         _say("%s: %d users changed since the last rendering, the others kept", stage, only.len())
     inputs.forget()  # until this rendering is recorded, nothing describes the table
-    summary: RecordsSummary = write_records(
-        lake,
-        modes=modes,
-        settings=settings,
-        chunk_states=chunk_states,
-        out=out,
-        with_extraction=with_extraction,
-        only_users=only,
-        keep=keep,
-    )
+    rendering = RecordsRendering(
+        lake=str(lake), staged=str(records_staging(Path(out))), modes=modes, settings=settings,
+        chunk_states=chunk_states, with_extraction=with_extraction, only_users=only,
+    )  # fmt: skip
+    try:
+        parts = map_buckets(render_records_bucket, steps_buckets(lake), rendering=rendering)
+        summary = finish_records(rendering, parts, keep)
+    finally:
+        shutil.rmtree(rendering.staged, ignore_errors=True)
     # the fingerprint of a folder is its files' relative paths and bytes: the staged table's is the
     # one it has once swapped into ``final``
     inputs.record(key, fingerprint(table_dir(out, "records")), digests, summary.not_executable_by_user())

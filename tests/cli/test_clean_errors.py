@@ -112,6 +112,7 @@ def test_ingest_refuses_a_folder_holding_other_files(tmp_path, foreign):
         (["sql", "SELECT 1", "--format", "foo"], "--format", "'table', 'csv', 'json'"),
         (["records", "--export-split", "train,foo"], "--export-split", "'train', 'val', 'test'"),
         (["extract", "--backend", "foo"], "--backend", "'heuristic', 'openai'"),
+        (["chain", "--task-runner", "foo"], "--task-runner", "'local', 'ray'"),
     ],
 )
 def test_a_bad_choice_is_one_usage_line(args, option, choices):
@@ -287,12 +288,13 @@ def test_an_error_inside_a_flow_is_one_line_without_prefects_tracebacks(tmp_path
     assert len(said) == 1 and "unknown simulator 'oracle'" in said[0], output
 
 
-@pytest.mark.parametrize("command", ["ingest", "records", "extract", "train", "run"])
+@pytest.mark.parametrize("command", ["ingest", "chain", "records", "extract", "train", "run"])
 def test_every_command_reading_a_config_refuses_a_misspelt_section(tmp_path, lake, command):
     config = tmp_path / "run.toml"
     config.write_text("[trian]\nsteps = 2\n")
     args = {
         "ingest": ["ingest", str(lake), "--lake", str(tmp_path / "new")],
+        "chain": ["chain", "--lake", str(lake)],
         "records": ["records", "--lake", str(lake)],
         "extract": ["extract", "--lake", str(lake)],
         "train": ["train", "--lake", str(lake), "--stage", "optd", "--out", str(tmp_path / "run")],

@@ -25,3 +25,23 @@ def test_a_nested_variable_overrides_one_key_of_the_files_table(tmp_path, monkey
     settings = load_settings(IngestSettings, "ingest", config)
     assert settings.buckets == 3
     assert (settings.geometry.feed_viewport, settings.geometry.screen_width) == (650, 390)
+
+
+def test_where_buckets_run_from_the_scale_section_the_environment_and_the_flags(tmp_path, monkeypatch):
+    from cli.settings import ConfigError, load_scale
+
+    config = tmp_path / "run.toml"
+    config.write_text('[scale]\ntask_runner = "ray"\nray_address = "ray://file:10001"\nlocal_workers = 3\n')
+    from_file = load_scale(config, None, None)
+    assert (from_file.task_runner, from_file.address(), from_file.local_workers) == ("ray", "ray://file:10001", 3)
+    monkeypatch.setenv("TRAJFORGE_RAY_ADDRESS", "ray://env:10001")
+    assert load_scale(config, None, None).address() == "ray://env:10001"
+    flagged = load_scale(config, "local", "ray://flag:10001")
+    assert (flagged.task_runner, flagged.address(), flagged.local_workers) == ("local", "ray://flag:10001", 3)
+    config.write_text("[scale]\ntask_runners = 'ray'\n")
+    try:
+        load_scale(config, None, None)
+    except ConfigError as err:
+        assert "unknown key 'task_runners'; did you mean 'task_runner'?" in str(err)
+    else:
+        raise AssertionError("a misspelt [scale] key must be refused")

@@ -1,0 +1,103 @@
+"""Per-bucket tasks (``flows.buckets``): the map on the local runner and on a local Ray cluster of two
+worker processes, and the stages mapped over buckets making the same lake on either."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from prefect import task
+
+from flows.buckets import ScaleSettings, map_buckets, scale_settings, task_runner, using_scale
+from flows.chain import chain_flow
+from flows.records import records_flow
+from tests.flows.generated_lakes import generated_lake
+from transforms.lake import table_files
+
+
+@task(name="probe-bucket")
+def probe(bucket: int, offset: int) -> tuple[int, int]:
+    """The bucket plus ``offset``, and the process that ran it."""
+    if bucket < 0:
+        raise ValueError(f"bucket {bucket}")
+    return bucket + offset, os.getpid()
+
+
+def test_local_map_keeps_the_buckets_order_and_says_a_failure(prefect_harness):
+    results = map_buckets(probe, [3, 1, 2], offset=10)
+    assert [value for value, _ in results] == [13, 11, 12]
+    assert {pid for _, pid in results} == {os.getpid()}  # threads of this process
+    with pytest.raises(ValueError, match="bucket -1"):
+        map_buckets(probe, [1, -1, 2], offset=0)
+
+
+def test_settings_come_from_the_environment_and_a_block_overrides_them(monkeypatch):
+    monkeypatch.setenv("TRAJFORGE_TASK_RUNNER", "ray")
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    chosen = scale_settings()
+    assert chosen.task_runner == "ray" and chosen.address() == "ray://head:10001"
+    here = "http://127.0.0.1:4200/api"  # an API on this machine: no use to a cluster's other nodes
+    runner = task_runner(chosen, here)  # built, not started: nothing is contacted
+    assert type(runner).__name__ == "RayTaskRunner" and runner.address == "ray://head:10001"
+    assert "runtime_env" not in runner.init_kwargs
+    served = task_runner(chosen, "https://prefect.example.org/api").init_kwargs["runtime_env"]
+    assert served == {"env_vars": {"PREFECT_API_URL": "https://prefect.example.org/api"}}
+    monkeypatch.delenv("RAY_ADDRESS")
+    started_here = task_runner(ScaleSettings(task_runner="ray", ray_workers=2), here).init_kwargs
+    assert started_here["num_cpus"] == 2 and started_here["runtime_env"]["env_vars"]["PREFECT_API_URL"] == here
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    with using_scale(ScaleSettings(task_runner="local", local_workers=2)):
+        assert scale_settings().task_runner == "local"
+        assert task_runner(scale_settings())._max_workers == 2
+    assert scale_settings().task_runner == "ray"
+    monkeypatch.setenv("TRAJFORGE_TASK_RUNNER", "dask")
+    with pytest.raises(ValueError, match="task_runner"):
+        scale_settings()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray instance with two CPUs: at most two worker processes run buckets at once."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def table_rows(lake: Path, name: str) -> dict[str, pl.DataFrame]:
+    """Each file of a table by its path under the table, its rows sorted."""
+    folder = lake / name
+    return {
+        str(path.relative_to(folder)): (frame := pl.read_parquet(path, hive_partitioning=False)).sort(
+            frame.columns
+        )
+        for path in table_files(lake, name)
+    }
+
+
+@pytest.mark.slow
+def test_ray_runs_buckets_in_two_workers_and_makes_the_local_runners_lake(
+    prefect_harness, ray_cluster, tmp_path
+):
+    with using_scale(ScaleSettings(task_runner="ray")):
+        results = map_buckets(probe, list(range(6)), offset=0)
+    assert [value for value, _ in results] == list(range(6))
+    workers = {pid for _, pid in results}
+    assert len(workers) == 2 and os.getpid() not in workers
+
+    lake = generated_lake(tmp_path / "local", users=120, seed=5)
+    on_ray = tmp_path / "ray"
+    shutil.copytree(lake, on_ray)
+    assert len(list((lake / "sessions").glob("bucket=*"))) == 4  # the default four buckets
+    for folder, settings in ((lake, ScaleSettings()), (on_ray, ScaleSettings(task_runner="ray"))):
+        with using_scale(settings):
+            chain_flow(str(folder), reuse=False)
+            records_flow(str(folder), reuse=False)
+    for name in ("histories", "records"):
+        local, remote = table_rows(lake, name), table_rows(on_ray, name)
+        assert sorted(local) == sorted(remote) and len(local) >= 4  # a file per bucket at least
+        for path, rows in local.items():
+            assert rows.height and rows.equals(remote[path]), f"{name}/{path}"
