@@ -189,7 +189,12 @@ def test_sql_rejects_an_unknown_format(lake):
 
 
 def test_config_help_names_its_section():
-    named = (("ingest", "[ingest]"), ("chain", "[scale]"), ("records", "[records] [scale]"), ("extract", "[extract]"))
+    named = (
+        ("ingest", "[ingest]"),
+        ("chain", "[scale]"),
+        ("records", "[records] [scale]"),
+        ("extract", "[extract]"),
+    )
     for command, section in named:
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0 and f"TOML file with {section} settings" in result.output, command

@@ -33,7 +33,11 @@ def test_where_buckets_run_from_the_scale_section_the_environment_and_the_flags(
     config = tmp_path / "run.toml"
     config.write_text('[scale]\ntask_runner = "ray"\nray_address = "ray://file:10001"\nlocal_workers = 3\n')
     from_file = load_scale(config, None, None)
-    assert (from_file.task_runner, from_file.address(), from_file.local_workers) == ("ray", "ray://file:10001", 3)
+    assert (from_file.task_runner, from_file.address(), from_file.local_workers) == (
+        "ray",
+        "ray://file:10001",
+        3,
+    )
     monkeypatch.setenv("TRAJFORGE_RAY_ADDRESS", "ray://env:10001")
     assert load_scale(config, None, None).address() == "ray://env:10001"
     flagged = load_scale(config, "local", "ray://flag:10001")

@@ -47,7 +47,9 @@ def test_settings_come_from_the_environment_and_a_block_overrides_them(monkeypat
     assert served == {"env_vars": {"PREFECT_API_URL": "https://prefect.example.org/api"}}
     monkeypatch.delenv("RAY_ADDRESS")
     started_here = task_runner(ScaleSettings(task_runner="ray", ray_workers=2), here).init_kwargs
-    assert started_here["num_cpus"] == 2 and started_here["runtime_env"]["env_vars"]["PREFECT_API_URL"] == here
+    assert (
+        started_here["num_cpus"] == 2 and started_here["runtime_env"]["env_vars"]["PREFECT_API_URL"] == here
+    )
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     with using_scale(ScaleSettings(task_runner="local", local_workers=2)):
         assert scale_settings().task_runner == "local"
