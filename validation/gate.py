@@ -62,6 +62,10 @@ from validation.suites import RAW_ID_COLUMNS, TableSuite, all_suites, schema_sui
 
 BATCH_ROWS = 200_000
 FRAME_ROWS = 1_000_000  # rows of a lake table in memory at once (GE sees them BATCH_ROWS at a time)
+# and at most this many bytes of them, as Parquet counts them uncompressed: a table of long texts
+# (records, a few KB a row) comes in frames and GE batches of fewer rows than a narrow one
+FRAME_BYTES = 96 * 2**20
+BATCH_BYTES = 96 * 2**20
 DUCKDB_MEMORY = "1GB"  # the key-uniqueness aggregate spills to disk beyond this
 ROW, FILE, FILE_ROW = "__gate_row", "__gate_file", "__gate_file_row"
 
@@ -125,10 +129,16 @@ class LakeTableReader:
     Every pass yields the same frames in the same order, so row numbers (``ROW``) agree between passes."""
 
     def __init__(self, root: Path, suite: TableSuite, files: Sequence[Path], frame_rows: int) -> None:
-        self.root, self.suite, self.frame_rows = root, suite, frame_rows
+        self.root, self.suite = root, suite
         self.full = any(c.level == "row" for c in suite.checks)  # rows can be routed: keep every column
         self.columns = suite.schema.names if self.full else _needed(suite)
         self.files = sorted(files, key=lambda f: f.relative_to(root).as_posix())
+        self.row_bytes = uncompressed_row_bytes(self.files, self.columns)
+        self.frame_rows = self.rows_within(frame_rows, FRAME_BYTES)
+
+    def rows_within(self, rows: int, size: int) -> int:
+        """At most ``rows`` rows, and no more than ``size`` bytes of them."""
+        return max(1, min(rows, int(size // max(self.row_bytes, 1.0))))
 
     def _located(self, frame: pl.LazyFrame | pl.DataFrame, path: Path) -> pl.LazyFrame | pl.DataFrame:
         return frame.with_row_index(FILE_ROW).with_columns(
@@ -197,6 +207,21 @@ class LakeTableReader:
         for frame in self.frames():
             yield with_check_columns(self.suite, frame, rows, unique)
             rows += frame.height
+
+
+def uncompressed_row_bytes(files: Sequence[Path], columns: Sequence[str]) -> float:
+    """Mean bytes a row of ``columns`` takes uncompressed, from the files' Parquet footers."""
+    wanted, size, rows = set(columns), 0, 0
+    for path in files:
+        metadata = pq.ParquetFile(path).metadata
+        for group in range(metadata.num_row_groups):
+            chunk = metadata.row_group(group)
+            rows += chunk.num_rows
+            for column in range(chunk.num_columns):
+                part = chunk.column(column)
+                if part.path_in_schema.split(".")[0] in wanted:
+                    size += part.total_uncompressed_size
+    return size / rows if rows else 0.0
 
 
 def duplicated_key_hashes(files: Sequence[Path], suite: TableSuite) -> pl.Series:
@@ -517,12 +542,13 @@ class Gate:
         if any(o.stops for o in outcomes):
             return self._record(TableVerdict(suite, None, outcomes, report))
         reader = LakeTableReader(self.source, suite, files, self.frame_rows)
-        outcomes, rows = self._run_frames(suite, reader.prepared(unique_helper(files, suite)))
+        batch_rows = reader.rows_within(self.batch_rows, BATCH_BYTES)
+        outcomes, rows = self._run_frames(suite, reader.prepared(unique_helper(files, suite)), batch_rows)
         report.rows_in = report.rows_out = rows
         return self._record(TableVerdict(suite, reader, outcomes, report))
 
     def _run_frames(
-        self, suite: TableSuite, frames: Iterable[pl.DataFrame]
+        self, suite: TableSuite, frames: Iterable[pl.DataFrame], batch_rows: int
     ) -> tuple[list[CheckOutcome], int]:
         """A table frame by frame (each prepared with ``with_check_columns``'s global row numbers): counts
         combined over all frames, examples taken from the frames they lie in; one frame in memory."""
@@ -530,7 +556,7 @@ class Gate:
         examples: dict[str, list[dict[str, Any]]] = {}
         rows = 0
         for frame in frames:
-            part = self.runner.validate(suite, batches(suite, frame, self.batch_rows), first=len(results))
+            part = self.runner.validate(suite, batches(suite, frame, batch_rows), first=len(results))
             found = combine(suite, part)
             for o in found:
                 o.success = o.success and not o.rows  # a check judged on the totals keeps its examples
@@ -549,7 +575,7 @@ class Gate:
 
     def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
         """A raw table chunk by chunk; None when no chunk was readable."""
-        outcomes, rows = self._run_frames(suite, chunks)
+        outcomes, rows = self._run_frames(suite, chunks, self.batch_rows)
         if not outcomes:
             return None  # nothing readable: the ingest's quarantine has every row
         report = TableReport(suite.name, suite.name, suite.version, rows, rows)

@@ -440,3 +440,22 @@ def test_raw_suites_report_without_raw_ids(tmp_path: Path):
         + (Path(summary.results_path).parent / "summary.json").read_text()
     )
     assert '"e11"' not in written and "pv3" not in written and '"u3"' not in written, "no raw id in the lake"
+
+
+def test_frames_and_ge_batches_of_a_wide_table_are_bounded_by_bytes(tmp_path: Path, monkeypatch):
+    from validation import gate
+    from validation.suites import all_suites
+
+    lake = _history_with_two_bad_rows(tmp_path)
+    files, suite = table_files(lake, "history"), all_suites(None)["history"]
+    every = gate.uncompressed_row_bytes(files, suite.schema.names)
+    assert every > gate.uncompressed_row_bytes(files, ["user_id"]) > 0
+    # a byte bound below two rows: frames and GE batches of one row each, whatever frame_rows says
+    monkeypatch.setattr(gate, "FRAME_BYTES", int(every * 1.5))
+    monkeypatch.setattr(gate, "BATCH_BYTES", int(every * 1.5))
+    reader = gate.LakeTableReader(lake, suite, files, frame_rows=1_000_000)
+    assert reader.frame_rows == 1 and [f.height for f in reader.frames()] == [1, 1, 1]
+    summary = run_gate(lake, ["history"], stage="ingest", replace_quarantine=True, docs=False)
+    report = summary.tables["history"]
+    assert (report.rows_in, report.rows_out, report.quarantined) == (3, 1, 2)
+    assert read_lake_table(lake, "quarantine").sort("source_row")["source_row"].to_list() == [1, 2]
