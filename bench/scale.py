@@ -68,7 +68,7 @@ def build_lake(work: Path, users: int, buckets: int, seed: int) -> Path:
     raw, lake = work / f"raw-{users}", work / f"lake-{users}-{buckets}"
     if not (raw / "manifest.json").is_file():
         write_bundle(raw, users=users, seed=seed, overwrite=True)
-    if not (lake / "_runs" / "ingest" / "manifest.json").is_file():
+    if not all((lake / name).is_dir() for name in ("steps", "sessions", "items")):
         shutil.rmtree(lake, ignore_errors=True)
         ingest_bundle(raw, lake, IngestSettings(buckets=buckets))
     return lake
