@@ -27,12 +27,12 @@ from transforms.records import (
 RENDERED_FROM = [*INGESTED, "histories", *EXTRACTED]
 
 
-@task(name="build-records", cache_policy=NO_CACHE, **IO_RETRIES)
 def build(
     lake: str, staged: str, modes: list[str], settings: PromptSettings, chunk_states: int, reuse: bool
 ) -> dict:
-    """Render the lake's states into ``staged``; the lake's records stay until the gate passes. With
-    ``reuse``, users whose rows are unchanged since the last rendering keep their records."""
+    """Render the lake's states into ``staged``, a task per user bucket; the lake's records stay until
+    the gate passes. With ``reuse``, users whose rows are unchanged since the last rendering keep
+    their records."""
     return render_states(
         lake,
         stage="records",

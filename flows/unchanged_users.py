@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
 from extractors.config import ExtractSettings
@@ -24,6 +25,7 @@ from extractors.pipeline import STAGE as EXTRACT_STAGE
 from extractors.pipeline import KeptExtraction
 from flows.buckets import map_buckets, per_bucket
 from flows.caching import code_version, fingerprint
+from flows.retrying import IO_RETRIES
 from transforms.chain import SUMMARY_HELPERS
 from transforms.files import atomic_file
 from transforms.increments import (
@@ -79,6 +81,14 @@ def _render_records_bucket(bucket: list[str], rendering: RecordsRendering) -> Re
 render_records_bucket = per_bucket("render-records-bucket", _render_records_bucket)
 
 
+@task(name="finish-records", cache_policy=NO_CACHE, **IO_RETRIES)
+def finish_rendering(
+    rendering: RecordsRendering, parts: list[RecordsSummary], keep: KeptRendering | None
+) -> RecordsSummary:
+    """The rendering's reduce: one summary, the kept users' files, the staged table swapped in."""
+    return finish_records(rendering, parts, keep)
+
+
 def render_states(
     lake: str | Path,
     *,
@@ -112,7 +122,7 @@ def render_states(
     )  # fmt: skip
     try:
         parts = map_buckets(render_records_bucket, steps_buckets(lake), rendering=rendering)
-        summary = finish_records(rendering, parts, keep)
+        summary = finish_rendering(rendering, parts, keep)
     finally:
         shutil.rmtree(rendering.staged, ignore_errors=True)
     # the fingerprint of a folder is its files' relative paths and bytes: the staged table's is the
