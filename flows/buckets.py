@@ -19,6 +19,7 @@ buckets run, not what they make.
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -89,6 +90,16 @@ def task_runner(settings: ScaleSettings, prefect_api: str | None = None) -> Task
     return RayTaskRunner(address=address, init_kwargs=init_kwargs)
 
 
+def start_local_ray(init_kwargs: dict[str, Any]) -> None:
+    """A Ray instance on this machine, started once and kept until the process exits: every map of a
+    run shares it (the runner would otherwise start and stop one per stage, seconds each)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(**init_kwargs)
+        atexit.register(ray.shutdown)
+
+
 def _loopback(url: str) -> bool:
     return urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
 
@@ -109,7 +120,10 @@ def map_buckets(task: Task, buckets: Sequence[Any], /, **shared: Any) -> list[An
     buckets' order. Any bucket failing fails the map, after every bucket has finished."""
     settings = scale_settings()
     api = prefect_api_url() if settings.task_runner == "ray" else None
-    with task_runner(settings, api) as runner:
+    runner = task_runner(settings, api)
+    if settings.task_runner == "ray" and settings.address() is None:
+        start_local_ray(runner.init_kwargs)  # type: ignore[attr-defined]
+    with runner:
         parameters = {"bucket": list(buckets), **{name: unmapped(value) for name, value in shared.items()}}
         futures = runner.map(task, parameters)
         futures.wait()
