@@ -103,3 +103,16 @@ def test_ray_runs_buckets_in_two_workers_and_makes_the_local_runners_lake(
         assert sorted(local) == sorted(remote) and len(local) >= 4  # a file per bucket at least
         for path, rows in local.items():
             assert rows.height and rows.equals(remote[path]), f"{name}/{path}"
+
+
+@pytest.mark.slow
+def test_the_chain_command_maps_its_buckets_on_ray(prefect_harness, ray_cluster, tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    lake = generated_lake(tmp_path, users=40, seed=9)
+    result = CliRunner().invoke(app, ["chain", "--lake", str(lake), "--task-runner", "ray"])
+    assert result.exit_code == 0, result.output
+    histories = pl.read_parquet(table_files(lake, "histories"), hive_partitioning=False)
+    assert histories.height == 40 and len(table_files(lake, "histories")) == 4  # a file per bucket
