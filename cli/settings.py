@@ -13,10 +13,13 @@ import difflib
 import importlib
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource
+
+if TYPE_CHECKING:
+    from flows.buckets import ScaleSettings
 
 Settings = TypeVar("Settings", bound=BaseModel)
 
@@ -132,7 +135,7 @@ def nearest(name: str, valid: object) -> str:
     return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(names)}"
 
 
-def load_scale(config: Path | None, task_runner: str | None, ray_address: str | None) -> Any:
+def load_scale(config: Path | None, task_runner: str | None, ray_address: str | None) -> ScaleSettings:
     """Where the command's per-bucket tasks run (``flows.buckets.ScaleSettings``): ``[scale]`` of
     ``config``, the environment, then ``--task-runner`` and ``--ray-address``."""
     from flows.buckets import ScaleSettings

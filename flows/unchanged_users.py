@@ -36,7 +36,7 @@ from transforms.increments import (
     rendering_digests,
     session_digests,
 )
-from transforms.lake import STAGING, quarantine_dir, read_lake_table, table_dir
+from transforms.lake import STAGING, bucket_files, quarantine_dir, read_lake_table, table_dir
 from transforms.manifest import RUNS
 from transforms.prompts import PromptSettings
 from transforms.records import (
@@ -47,7 +47,6 @@ from transforms.records import (
     finish_records,
     records_staging,
     render_bucket,
-    steps_buckets,
 )
 
 
@@ -73,12 +72,7 @@ def _say(message: str, *args: Any) -> None:
         get_run_logger().info(message, *args)
 
 
-def _render_records_bucket(bucket: list[str], rendering: RecordsRendering) -> RecordsSummary:
-    """One bucket's states (its ``steps`` files) rendered into the rendering's staging folder."""
-    return render_bucket(rendering, bucket)
-
-
-render_records_bucket = per_bucket("render-records-bucket", _render_records_bucket)
+render_records_bucket = per_bucket("render-records-bucket", render_bucket)
 
 
 @task(name="finish-records", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -121,7 +115,7 @@ def render_states(
         chunk_states=chunk_states, with_extraction=with_extraction, only_users=only,
     )  # fmt: skip
     try:
-        parts = map_buckets(render_records_bucket, steps_buckets(lake), rendering=rendering)
+        parts = map_buckets(render_records_bucket, bucket_files(lake, "steps"), rendering=rendering)
         summary = finish_rendering(rendering, parts, keep)
     finally:
         shutil.rmtree(rendering.staged, ignore_errors=True)

@@ -25,9 +25,14 @@ in the chain summary instead (``ChainStats.split_share_by_activity``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
 import polars as pl
 from pydantic import BaseModel
 
+from transforms.lake import STAGING, read_lake_table, scan_files, write_table, write_table_part
 from transforms.schemas import SPLITS
 
 FIVE_MINUTES_S = 300.0
@@ -130,6 +135,65 @@ def chain_some(sessions: pl.LazyFrame, kept: pl.DataFrame, changed: pl.Series) -
     fresh = chain(sessions.filter(pl.col("user_id").is_in(changed.implode()))).collect()
     others = kept.filter(~pl.col("user_id").is_in(changed.implode())).select(fresh.columns)
     return pl.concat([others, fresh], how="vertical_relaxed").sort("user_id")
+
+
+# --- bucket by bucket --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chaining:
+    """What every bucket of one chain shares, as paths: the staging folder its histories go to, and
+    for a chain that redoes changed users only, the kept histories (with their ``SUMMARY_HELPERS``)
+    and the changed ids."""
+
+    staged: str
+    kept: str | None = None
+    changed: str | None = None
+
+    @classmethod
+    def of(cls, staged: str, kept: pl.DataFrame | None, changed: pl.Series | None) -> Chaining:
+        """The kept histories and changed users, when there are any, written beside the staged tables."""
+        if kept is None or changed is None:
+            return cls(staged)
+        folder = Path(staged) / STAGING
+        folder.mkdir(parents=True, exist_ok=True)
+        kept.write_parquet(folder / "chain-kept.parquet")
+        changed.to_frame("user_id").write_parquet(folder / "chain-changed.parquet")
+        return cls(staged, str(folder / "chain-kept.parquet"), str(folder / "chain-changed.parquet"))
+
+    def helpers(self) -> Path:
+        return Path(self.staged) / STAGING / "chain-helpers"
+
+
+def chain_bucket(bucket: Sequence[str | Path], chaining: Chaining) -> dict[str, int]:
+    """Chain one bucket's sessions (its files under ``bucket=K/``): its histories, and their summary
+    helpers beside them, written as ``part-K``; its rows and sessions counted."""
+    sessions = scan_files("sessions", bucket)
+    number = int(Path(bucket[0]).parent.name.removeprefix("bucket="))
+    if chaining.changed is None:
+        histories = chain(sessions).collect()
+    else:
+        kept = pl.scan_parquet(chaining.kept).filter(pl.col("bucket") == number).collect()
+        histories = chain_some(sessions, kept, pl.read_parquet(chaining.changed)["user_id"])
+    file_name = f"part-{number}.parquet"
+    write_table_part(chaining.staged, "histories", histories, file_name)
+    if histories.height:
+        chaining.helpers().mkdir(parents=True, exist_ok=True)
+        histories.select("user_id", *SUMMARY_HELPERS).write_parquet(chaining.helpers() / file_name)
+    return {"rows": histories.height, "sessions": sessions.select(pl.len()).collect().item()}
+
+
+def chained_histories(chaining: Chaining, lake: str | Path) -> pl.DataFrame:
+    """The reduce: every bucket's staged histories with their summary helpers (``chain_stats``'s
+    input); with no sessions at all, an empty histories table is staged for its schema."""
+    helpers = sorted(chaining.helpers().glob("*.parquet"))
+    if not helpers:
+        histories = chain(read_lake_table(lake, "sessions").clear().lazy()).collect()
+        write_table(chaining.staged, "histories", histories)
+        return histories
+    return read_lake_table(chaining.staged, "histories").join(
+        pl.read_parquet(helpers), on="user_id", how="left"
+    )
 
 
 class ChainStats(BaseModel):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,6 @@ from transforms.lake import (
     STAGING,
     bucket_files,
     conform,
-    read_lake_table,
     recorded_settings,
     scan_table,
     table_dir,
@@ -837,12 +836,13 @@ def quarantined_rationales(lake: str | Path) -> pl.DataFrame | None:
     )
 
 
-def optional_table(lake: str | Path, name: str, columns: list[str]) -> pl.DataFrame | None:
-    """An extraction output (``rationales``, ``intents``) when that stage has run, else None.
+def optional_table(lake: str | Path, name: str, columns: list[str], where: pl.Expr) -> pl.DataFrame | None:
+    """The rows ``where`` selects of an extraction output (``rationales``, ``intents``) when that stage
+    has run, else None.
 
     Both hold accepted rows only: rejected answers go to quarantine.
     """
-    return read_lake_table(lake, name, columns) if table_files(lake, name) else None
+    return scan_table(lake, name, columns).filter(where).collect() if table_files(lake, name) else None
 
 
 def _write_part(frame: pl.DataFrame, root: Path, name: str, zstd_level: int) -> None:
@@ -881,7 +881,7 @@ def write_records(
         zstd_level=zstd_level, with_extraction=with_extraction, only_users=only_users,
     )  # fmt: skip
     try:
-        parts = [render_bucket(rendering, files) for files in steps_buckets(lake)]
+        parts = [render_bucket(files, rendering) for files in bucket_files(lake, "steps")]
         return finish_records(rendering, parts, keep)
     finally:
         shutil.rmtree(rendering.staged, ignore_errors=True)
@@ -907,17 +907,12 @@ def records_staging(target: Path) -> Path:
     return target / STAGING / f"records-{uuid.uuid4().hex[:8]}"
 
 
-def steps_buckets(lake: str | Path) -> list[list[str]]:
-    """The ``steps`` files of each user bucket: the unit a rendering is spread over."""
-    return [[str(path) for path in paths] for paths in bucket_files(lake, "steps")]
-
-
-def render_bucket(rendering: RecordsRendering, steps_files: list[str]) -> RecordsSummary:
-    """Render the users of one bucket (``steps_files``) into ``rendering.staged``, whole users at a
-    time; every other table is read for those users alone."""
+def render_bucket(bucket: Sequence[str | Path], rendering: RecordsRendering) -> RecordsSummary:
+    """Render the users of one bucket (its ``steps`` files) into ``rendering.staged``, whole users at
+    a time; every other table is read for those users alone."""
     r, lake = rendering, rendering.lake
     summary = RecordsSummary(modes=r.modes, settings=r.settings.model_dump())
-    steps = pl.read_parquet(steps_files, hive_partitioning=False)
+    steps = pl.read_parquet(list(bucket), hive_partitioning=False)
     if r.only_users is not None:
         steps = steps.filter(pl.col("user_id").is_in(r.only_users.implode()))
     if steps.height == 0:
@@ -930,8 +925,13 @@ def render_bucket(rendering: RecordsRendering, steps_files: list[str]) -> Record
         history = scan_table(lake, "history").filter(pl.col("user_id").is_in(users)).collect()
     rationales = intents = quarantined = None
     if r.with_extraction:
-        rationales = optional_table(lake, "rationales", ["session_id", "step", "rationale"])
-        intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"])
+        session_ids = sessions["session_id"].implode()
+        rationales = optional_table(
+            lake, "rationales", ["session_id", "step", "rationale"], pl.col("session_id").is_in(session_ids)
+        )
+        # a trajectory is a session (single mode) or a user (cross mode)
+        ours = pl.col("trajectory_id").is_in(session_ids) | pl.col("trajectory_id").is_in(users)
+        intents = optional_table(lake, "intents", ["trajectory_id", "mode", "intent_text"], ours)
         quarantined = quarantined_rationales(lake) if rationales is not None else None
     for chunk_no, chunk_users in enumerate(user_chunks(steps, r.chunk_states)):
         mine = pl.col("user_id").is_in(chunk_users.implode())

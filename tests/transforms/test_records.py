@@ -702,3 +702,26 @@ def test_a_rendering_bucket_by_bucket_sums_to_its_table(tmp_path):
     # the mean over every record, not a mean of the buckets' rounded means
     assert summary.token_estimate_mean == round(records["token_estimate"].sum() / records.height, 1)
     assert summary.token_estimate_max == records["token_estimate"].max()
+
+
+def test_a_bucket_renders_the_rationales_and_intents_of_its_own_states(tmp_path):
+    from extractors.config import ExtractSettings
+    from extractors.pipeline import extract_lake
+    from synthetic.bundle import write_bundle
+    from transforms.ingest import ingest_bundle
+
+    lake = tmp_path / "lake"
+    write_bundle(tmp_path / "raw", users=40, seed=4)
+    ingest_bundle(tmp_path / "raw", lake)
+    write_records(lake, modes=["single", "cross"])
+    extract_lake(lake, ExtractSettings(progress=False))  # the offline backend: every answer accepted
+    write_records(lake, modes=["single", "cross"])
+    records = read_lake_table(lake, "records")
+    assert len({path.parent.name for path in table_files(lake, "records")}) == 4
+    rationales = read_lake_table(lake, "rationales").select("session_id", "step")
+    explained = records.join(rationales, on=["session_id", "step"], how="semi")
+    assert explained.height == records.height and records["rationale"].is_not_null().all()
+    intents = read_lake_table(lake, "intents").select("mode", "trajectory_id")
+    train = records.filter(pl.col("split") == "train")
+    with_intent = train.join(intents, on=["mode", "trajectory_id"], how="semi")
+    assert with_intent.height > 0 and train["intent"].is_not_null().sum() == with_intent.height
