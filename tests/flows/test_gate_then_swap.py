@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import flows.chain
+import transforms.chain
 from cli.app import app
 from flows.chain import chain_flow
 from flows.ingest import ingest_flow
@@ -93,8 +93,8 @@ def test_chain_keeping_no_user_stops_before_the_swap(good_lake, monkeypatch):
     before = lake_files(lake)
 
     # a chain that drops every session: the lake's histories must survive its gate
-    chain = flows.chain.chain
-    monkeypatch.setattr(flows.chain, "chain", lambda sessions: chain(sessions.head(0)))
+    chain = transforms.chain.chain
+    monkeypatch.setattr(transforms.chain, "chain", lambda sessions: chain(sessions.head(0)))
     with pytest.raises(GateError, match="table 'histories' failed expectation 'rows_kept'"):
         chain_flow(str(lake), reuse=False)  # every user chained (the sessions are unchanged)
     assert lake_files(lake) == before
