@@ -1,0 +1,170 @@
+"""The demo's training with a copy head wired into the tiny model's initial weights (bench/RESULTS.md,
+"Eighth round"): does SFT keep a circuit that writes a screen's id at a click's opening?
+
+    python bench/copy_head.py LAKE OUT NAME WIRING VALUES
+
+WIRING is a JSON object (the scales below), VALUES the training's values over ``DEMO_TRAINING`` as in
+bench/demo_training.py (``{"tiny": {"num_kv_heads": 4}}`` at least: each copy head carries 32 dims).
+One JSON line per run, as demo_training.py writes it.
+
+The wiring: untied embeddings; every input lives in A = dims [0, d/2), the ids' rows drawn at
+``id_std`` with a ``flag`` dim; the ids' output rows live in B = [d/2, d), each the id's input row moved
+over and scaled by ``out_scale``, so an id's own position predicts nothing of it. Two heads of the last
+layer attend, on RoPE's two lowest frequencies (which barely rotate over a prompt), from the cue token (the
+piece a click writes before its id, dim ``const``) to the flag (score scale ``kappa``), and from every other
+token to the bos token (``sink``), whose value is empty; their values copy A into B (``out``). Nothing else
+writes into B at first. ``freeze``: "circuit" keeps the ids' rows, the copy heads, every write into B and
+the special dims and their norm weights as wired; ``mask_ids``: the click's id is left out of the SFT loss.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import demo_training  # noqa: E402 - bench/ is the script's folder
+
+import trainer.run  # noqa: E402
+import trainer.sft  # noqa: E402
+from trainer.models import build_tiny_model  # noqa: E402
+
+CLICK_OPENING = '{"action":{"type":"click","target_item_id":"'
+
+
+def id_rows(tokenizer: Any) -> torch.Tensor:
+    return torch.tensor(
+        sorted(i for t, i in tokenizer.get_added_vocab().items() if t.startswith("i_") and len(t) == 18)
+    )
+
+
+def cue_token(tokenizer: Any, some_id: int) -> int:
+    """The token a click's response writes just before its item id."""
+    text = CLICK_OPENING + tokenizer.convert_ids_to_tokens(some_id)
+    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    return tokens[tokens.index(some_id) - 1]
+
+
+def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
+    """Wire the copy head into ``model`` (untied, freshly initialised); the ids' content dims."""
+    rows = id_rows(tokenizer)
+    config = model.config
+    d, hd = config.hidden_size, config.hidden_size // config.num_attention_heads
+    half = d // 2
+    flag, const, sink, default = half - 1, half - 2, half - 3, half - 4
+    content = default
+    low, low2 = hd // 2 - 1, hd // 2 - 2
+    attention = model.model.layers[-1].self_attn
+    per_kv = config.num_attention_heads // config.num_key_value_heads
+    with torch.no_grad():
+        inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        inputs[:, half:] = 0.0
+        inputs[rows, :content] = torch.randn(len(rows), content) * wiring["id_std"]
+        inputs[:, content:half] = 0.0
+        inputs[rows, flag] = wiring["flag"]
+        cue = cue_token(tokenizer, int(rows[0]))
+        inputs[cue, const] = wiring["const"]
+        inputs[:, default] = wiring["const"]
+        inputs[cue, default] = 0.0
+        inputs[tokenizer.bos_token_id, :half] = 0.0
+        inputs[tokenizer.bos_token_id, sink] = wiring["sink"]
+        outputs[rows] = 0.0
+        outputs[rows, half : half + content] = inputs[rows, :content] * wiring["out_scale"]
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[half:] = 0.0
+            layer.mlp.down_proj.weight[half:] = 0.0
+        for head in range(half // hd):
+            kv = head // per_kv
+            q, k = attention.q_proj.weight, attention.k_proj.weight
+            v, o = attention.v_proj.weight, attention.o_proj.weight
+            q[head * hd : (head + 1) * hd] = 0.0
+            q[head * hd + low, const] = wiring["kappa"]
+            q[head * hd + low2, default] = wiring["kappa"]
+            k[kv * hd : (kv + 1) * hd] = 0.0
+            k[kv * hd + low, flag] = wiring["kappa"]
+            k[kv * hd + low2, sink] = wiring["kappa"]
+            v[kv * hd : (kv + 1) * hd] = 0.0
+            o[:, head * hd : (head + 1) * hd] = 0.0
+            for j in range(hd):
+                v[kv * hd + j, head * hd + j] = 1.0
+                o[half + head * hd + j, head * hd + j] = wiring["out"]
+    return content
+
+
+def freeze_circuit(model: Any, tokenizer: Any, content: int) -> None:
+    """Zero the gradients of everything the copy depends on, so Adam never moves it."""
+    rows, d = id_rows(tokenizer), model.config.hidden_size
+    hd = d // model.config.num_attention_heads
+    per_kv = model.config.num_attention_heads // model.config.num_key_value_heads
+    special = torch.arange(content, d)
+    copy_heads = range((d // 2) // hd)
+    heads = torch.arange(0, d // 2)  # the copy heads' query rows and output columns
+    kv_rows = torch.tensor(sorted({(h // per_kv) * hd + j for h in copy_heads for j in range(hd)}))
+
+    def rows_of(index: torch.Tensor) -> Any:
+        return lambda grad: grad.index_fill(0, index, 0.0)
+
+    model.get_input_embeddings().weight.register_hook(
+        lambda grad: grad.index_fill(0, rows, 0.0).index_fill(1, special, 0.0)
+    )
+    model.get_output_embeddings().weight.register_hook(rows_of(rows))
+    for layer in model.model.layers:
+        for weight in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+            weight.register_hook(rows_of(special))
+        for norm in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight):
+            norm.register_hook(rows_of(special))
+    model.model.norm.weight.register_hook(rows_of(special))
+    attention = model.model.layers[-1].self_attn
+    attention.q_proj.weight.register_hook(rows_of(heads))
+    attention.k_proj.weight.register_hook(rows_of(kv_rows))
+    attention.v_proj.weight.register_hook(rows_of(kv_rows))
+    attention.o_proj.weight.register_hook(lambda grad: grad.index_fill(1, heads, 0.0))
+
+
+def without_ids(ids: torch.Tensor) -> Any:
+    """``trainer.sft.state_nll`` with the click's id token left out of each state's mean."""
+
+    def state_nll(body: Any, head: Any, batch: Any, vocab: int) -> torch.Tensor:
+        logits = trainer.sft.response_logits(head, trainer.sft.response_positions(body, batch), vocab)
+        nll = F.cross_entropy(logits, batch.labels, reduction="none")
+        nll = nll.masked_fill(torch.isin(batch.labels, ids.to(batch.labels.device)), 0.0)
+        return trainer.sft.state_means(nll, batch.owner, batch.n_states)
+
+    return state_nll
+
+
+def wired_builder(wiring: dict[str, Any]) -> Any:
+    def build(tokenizer: Any, spec: Any) -> Any:
+        from transformers import LlamaForCausalLM
+
+        plain = build_tiny_model(tokenizer, spec)
+        plain.config.tie_word_embeddings = False
+        model = LlamaForCausalLM(plain.config)
+        model.generation_config = plain.generation_config
+        content = wire(model, tokenizer, wiring)
+        if wiring.get("freeze") == "circuit":
+            freeze_circuit(model, tokenizer, content)
+        if wiring.get("mask_ids"):
+            trainer.sft.state_nll = without_ids(id_rows(tokenizer))
+        return model
+
+    return build
+
+
+def main() -> None:
+    lake, out, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    wiring = {"id_std": 0.1, "out_scale": 3.0, "flag": 0.5, "const": 0.5, "kappa": 12.0, "sink": 5.0,
+              "out": 1.0, **json.loads(sys.argv[4])}  # fmt: skip
+    trainer.run.build_tiny_model = wired_builder(wiring)
+    print(json.dumps(demo_training.one(lake, out, name, json.loads(sys.argv[5]), False)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
