@@ -9,12 +9,16 @@ One JSON line per run, as demo_training.py writes it.
 
 The wiring: untied embeddings; every input lives in A = dims [0, d/2), the ids' rows drawn at
 ``id_std`` with a ``flag`` dim; the ids' output rows live in B = [d/2, d), each the id's input row moved
-over and scaled by ``out_scale``, so an id's own position predicts nothing of it. Two heads of the last
-layer attend, on RoPE's two lowest frequencies (which barely rotate over a prompt), from the cue token (the
+over and scaled by ``out_scale``, so an id's own position predicts nothing of it. Two heads of the layer
+``layer`` (0, the first, by default; -1, the last) attend, on RoPE's two lowest frequencies (which barely rotate over a prompt), from the cue token (the
 piece a click writes before its id, dim ``const``) to the flag (score scale ``kappa``), and from every other
 token to the bos token (``sink``), whose value is empty; their values copy A into B (``out``). Nothing else
 writes into B at first. ``freeze``: "circuit" keeps the ids' rows, the copy heads, every write into B and
-the special dims and their norm weights as wired; ``mask_ids``: the click's id is left out of the SFT loss.
+the special dims and their norm weights as wired ("circuit_choosing": all but the copy heads' query and
+key rows off RoPE's two lowest frequencies, so they can learn which listed id to copy); ``mask_ids``: the
+click's id is left out of the SFT loss. The first layer, fixed, without the id in the loss, is what
+``tiny.copy_head`` builds (trainer/copy_head.py); this script's own wiring is the experiments' (its tiny
+model has the trainer's copy head off).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
     flag, const, sink, default = half - 1, half - 2, half - 3, half - 4
     content = default
     low, low2 = hd // 2 - 1, hd // 2 - 2
-    attention = model.model.layers[-1].self_attn
+    attention = model.model.layers[wiring.get("layer", 0)].self_attn
     per_kv = config.num_attention_heads // config.num_key_value_heads
     with torch.no_grad():
         inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
@@ -80,6 +84,8 @@ def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight[half:] = 0.0
             layer.mlp.down_proj.weight[half:] = 0.0
+            for weight in readers(layer):  # the special dims are the copy heads' alone to read
+                weight[:, content:half] = 0.0
         for head in range(half // hd):
             kv = head // per_kv
             q, k = attention.q_proj.weight, attention.k_proj.weight
@@ -92,13 +98,19 @@ def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
             k[kv * hd + low2, sink] = wiring["kappa"]
             v[kv * hd : (kv + 1) * hd] = 0.0
             o[:, head * hd : (head + 1) * hd] = 0.0
-            for j in range(hd):
-                v[kv * hd + j, head * hd + j] = 1.0
+            for j in range(hd):  # the ids' content only: the flag, cue, sink and default dims stay in A
+                v[kv * hd + j, head * hd + j] = float(head * hd + j < content)
                 o[half + head * hd + j, head * hd + j] = wiring["out"]
     return content
 
 
-def freeze_circuit(model: Any, tokenizer: Any, content: int) -> None:
+def readers(layer: Any) -> list[torch.Tensor]:
+    attention, mlp = layer.self_attn, layer.mlp
+    projections = (attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj)
+    return [projection.weight for projection in projections]
+
+
+def freeze_circuit(model: Any, tokenizer: Any, content: int, layer: int, choose: bool = False) -> None:
     """Zero the gradients of everything the copy depends on, so Adam never moves it."""
     rows, d = id_rows(tokenizer), model.config.hidden_size
     hd = d // model.config.num_attention_heads
@@ -111,8 +123,9 @@ def freeze_circuit(model: Any, tokenizer: Any, content: int) -> None:
     def rows_of(index: torch.Tensor) -> Any:
         return lambda grad: grad.index_fill(0, index, 0.0)
 
+    fixed_rows = torch.cat([rows, torch.tensor([cue_token(tokenizer, int(rows[0])), tokenizer.bos_token_id])])
     model.get_input_embeddings().weight.register_hook(
-        lambda grad: grad.index_fill(0, rows, 0.0).index_fill(1, special, 0.0)
+        lambda grad: grad.index_fill(0, fixed_rows, 0.0).index_fill(1, special, 0.0)
     )
     model.get_output_embeddings().weight.register_hook(rows_of(rows))
     for layer in model.model.layers:
@@ -120,10 +133,19 @@ def freeze_circuit(model: Any, tokenizer: Any, content: int) -> None:
             weight.register_hook(rows_of(special))
         for norm in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight):
             norm.register_hook(rows_of(special))
+        for weight in readers(layer):
+            weight.register_hook(lambda grad: grad.index_fill(1, special[: d // 2 - content], 0.0))
     model.model.norm.weight.register_hook(rows_of(special))
-    attention = model.model.layers[-1].self_attn
-    attention.q_proj.weight.register_hook(rows_of(heads))
-    attention.k_proj.weight.register_hook(rows_of(kv_rows))
+    attention = model.model.layers[layer].self_attn
+    if choose:  # the copy heads' other query and key rows learn which listed id to copy
+        low = torch.tensor([hd // 2 - 1, hd // 2 - 2])
+        heads_qk = torch.cat([h * hd + low for h in copy_heads])
+        kv_qk = torch.cat([kv * hd + low for kv in sorted({h // per_kv for h in copy_heads})])
+        attention.q_proj.weight.register_hook(rows_of(heads_qk))
+        attention.k_proj.weight.register_hook(rows_of(kv_qk))
+    else:
+        attention.q_proj.weight.register_hook(rows_of(heads))
+        attention.k_proj.weight.register_hook(rows_of(kv_rows))
     attention.v_proj.weight.register_hook(rows_of(kv_rows))
     attention.o_proj.weight.register_hook(lambda grad: grad.index_fill(1, heads, 0.0))
 
@@ -149,8 +171,9 @@ def wired_builder(wiring: dict[str, Any]) -> Any:
         model = LlamaForCausalLM(plain.config)
         model.generation_config = plain.generation_config
         content = wire(model, tokenizer, wiring)
-        if wiring.get("freeze") == "circuit":
-            freeze_circuit(model, tokenizer, content)
+        if wiring.get("freeze") in ("circuit", "circuit_choosing"):
+            choose = wiring["freeze"] == "circuit_choosing"
+            freeze_circuit(model, tokenizer, content, wiring.get("layer", 0), choose)
         if wiring.get("mask_ids"):
             trainer.sft.state_nll = without_ids(id_rows(tokenizer))
         return model
@@ -163,7 +186,8 @@ def main() -> None:
     wiring = {"id_std": 0.1, "out_scale": 3.0, "flag": 0.5, "const": 0.5, "kappa": 12.0, "sink": 5.0,
               "out": 1.0, **json.loads(sys.argv[4])}  # fmt: skip
     trainer.run.build_tiny_model = wired_builder(wiring)
-    print(json.dumps(demo_training.one(lake, out, name, json.loads(sys.argv[5]), False)), flush=True)
+    values = demo_training.merged(json.loads(sys.argv[5]), {"tiny": {"copy_head": False}})
+    print(json.dumps(demo_training.one(lake, out, name, values, False)), flush=True)
 
 
 if __name__ == "__main__":

@@ -157,9 +157,10 @@ class SeedRuns:
 
 
 def sft_values(size: StudySize, seed: int) -> dict[str, Any]:
-    from flows.main_job import DEMO_TRAINING
+    from flows.main_job import DEMO_TRAINING, demo_tiny
 
-    return merged(merged(DEMO_TRAINING, size.train), {"seed": seed})
+    values = merged(merged(DEMO_TRAINING, size.train), {"seed": seed})
+    return values | {"tiny": demo_tiny(size.train.get("tiny", {}))}
 
 
 def diagnostics_of(summary: Any, teacher_gain: float | None) -> dict[str, float | None]:

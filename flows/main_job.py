@@ -21,7 +21,7 @@ from flows.caching import run_stage
 from flows.handoff import HAND_OFF_TO
 from flows.pipeline import pipeline_flow
 from flows.stages import evaluate_stage, synthesise_stage, train_stage
-from trainer.config import OPTDSettings, TrainSettings, optd_settings
+from trainer.config import OPTDSettings, TinyModelSettings, TrainSettings, optd_settings
 from transforms.config import IngestSettings
 from transforms.prompts import PromptSettings
 
@@ -40,10 +40,11 @@ DEMO_RECORDS: dict[str, Any] = {
     "response_order": "action_first",
     "click_by": "id",
 }
-#: the demo's training, chosen by the sweeps in bench/RESULTS.md ("The demo's training", its sixth round):
+#: the demo's training, chosen by the sweeps in bench/RESULTS.md ("The demo's training", its eighth round):
 #: single-session states only (the evaluation's mode), a model and a number of updates that fit the main
-#: job's budget; every catalog id one token and the screen-id loss on 64 more feed states an update, the
-#: copy of a card's id that the shoppers' clicks alone never taught
+#: job's budget; every catalog id one token, and a copy head wired into the first layer that writes one of
+#: the ids in view at a click's opening (trainer/copy_head.py): the copy that the shoppers' clicks never
+#: taught the model within this budget, which SFT then leaves to the circuit
 DEMO_TRAINING: dict[str, Any] = {
     "modes": ["single"],
     "steps": 800,
@@ -56,11 +57,8 @@ DEMO_TRAINING: dict[str, Any] = {
     "held_out_states": 64,
     "held_out_sampled": 32,
     "held_out_sampling": {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 96},
-    "screen_id_weight": 1.0,
-    "screen_id_states": 64,
-    "screen_id_tail": 48,
     "tiny": {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 512, "num_layers": 4,
-             "num_heads": 4, "num_kv_heads": 2, "item_id_tokens": True},
+             "num_heads": 4, "num_kv_heads": 4, "item_id_tokens": True, "copy_head": True},
 }  # fmt: skip
 #: OPTD on top of the demo's training: a few updates from the SFT teacher at a lower LR, no warm-up
 DEMO_OPTD: dict[str, Any] = {
@@ -104,10 +102,19 @@ def demo_records(values: dict[str, Any] | None = None) -> PromptSettings:
 
 def over_demo_training(values: dict[str, Any] | None) -> dict[str, Any]:
     """``DEMO_TRAINING`` under the run's ``[train]`` values, ``[train.tiny]`` merged key by key: a run that
-    changes the model's size keeps the demo's tokenizer choices unless it names them."""
+    changes the model's size keeps the demo's tokenizer choices unless it names them, and its copy head
+    where its model can carry one."""
     values = values or {}
-    tiny = {**DEMO_TRAINING["tiny"], **values.get("tiny", {})}
-    return {**DEMO_TRAINING, **values, "tiny": tiny}
+    return {**DEMO_TRAINING, **values, "tiny": demo_tiny(values.get("tiny", {}))}
+
+
+def demo_tiny(named: dict[str, Any]) -> dict[str, Any]:
+    """The demo's tiny model under a run's ``[train.tiny]`` values; its copy head kept only where the
+    model they describe can carry one, unless they name ``copy_head``."""
+    tiny = {**DEMO_TRAINING["tiny"], **named}
+    if "copy_head" not in named:
+        tiny["copy_head"] = TinyModelSettings.carries_copy_head(tiny)
+    return tiny
 
 
 def demo_training(values: dict[str, Any] | None = None) -> TrainSettings:

@@ -59,6 +59,32 @@ class TinyModelSettings(BaseModel):
     split_digits: bool = Field(
         True, description="every digit its own token: a distance or an id is copied digit by digit"
     )
+    copy_head: bool = Field(
+        False,
+        description="a fixed circuit wired into the first layer writes one of the ids in view at a click's "
+        "opening (trainer/copy_head.py): needs item_id_tokens, untied embeddings, 4 heads, a key/value "
+        "head each; the click's id is then the circuit's, left out of the SFT loss",
+    )
+
+    @staticmethod
+    def carries_copy_head(values: dict[str, object]) -> bool:
+        """Whether a model of these values can be wired with the copy head (absent values: defaults)."""
+        chosen = {name: field.default for name, field in TinyModelSettings.model_fields.items()} | values
+        heads_fit = (
+            chosen["num_heads"] == 4 and chosen["num_kv_heads"] == 4 and chosen["hidden_size"] % 4 == 0
+        )
+        return bool(chosen["item_id_tokens"]) and heads_fit and chosen["hidden_size"] >= 64
+
+    @model_validator(mode="after")
+    def _copy_head_fits(self) -> TinyModelSettings:
+        if self.copy_head and not self.item_id_tokens:
+            raise ValueError("tiny.copy_head needs tiny.item_id_tokens (each id one token)")
+        if self.copy_head and not self.carries_copy_head(self.model_dump()):
+            raise ValueError(
+                "tiny.copy_head needs num_heads = num_kv_heads = 4 (two heads carry half the hidden size) "
+                "and a hidden size that is a multiple of 64"
+            )
+        return self
 
     def spec(self) -> TinyModelSpec:
         from trainer.models import TinyModelSpec  # torch is imported by a run, not by the settings
@@ -71,8 +97,10 @@ class TinyModelSettings(BaseModel):
                     "action_tokens",
                     "item_id_tokens",
                     "split_digits",
+                    "copy_head",
                 }
-            )
+            ),
+            tie_embeddings=not self.copy_head,
         )
 
 

@@ -303,6 +303,14 @@ class Batch:
     def n_tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def unscored(self, tokens: torch.Tensor | None) -> Batch:
+        """The batch with its response tokens among ``tokens`` read as context but not predicted."""
+        if tokens is None:
+            return self
+        kept = ~torch.isin(self.labels, tokens.to(self.labels.device))
+        return Batch(self.input_ids, self.attention_mask, self.rows[kept], self.positions[kept],
+                     self.labels[kept], self.owner[kept], self.n_states)  # fmt: skip
+
     def to(self, device: torch.device) -> Batch:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
         return Batch(**moved)

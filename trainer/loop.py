@@ -18,10 +18,13 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from trainer.copy_head import FixedWeights
 
 MicroBatch = TypeVar("MicroBatch")
 
@@ -132,8 +135,10 @@ class Trainer(Generic[MicroBatch]):
         clip: float | None,
         device: torch.device,
         bf16: bool = True,
+        fixed: FixedWeights | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.fixed = fixed  # weights whose gradients are zeroed before every update
         self.clip, self.device, self.bf16 = clip, device, bf16
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.updates = 0  # optimiser updates attempted, skipped ones included
@@ -158,6 +163,8 @@ class Trainer(Generic[MicroBatch]):
             total, parts, tokens = accumulate(self.model, micro_batches, loss_fn, n_states, cast)
         lr = self.optimizer.param_groups[0]["lr"]
         with timer.phase("optimizer"):
+            if self.fixed is not None:
+                self.fixed.zero_gradients()
             grad_norm = clip_gradients(self.params, self.clip)
             skipped = not (math.isfinite(total) and math.isfinite(grad_norm))
             if skipped:

@@ -63,6 +63,7 @@ class TinyModelSpec:
     num_heads: int = 2  # head size 32, the smallest vLLM's flash-attention kernels take
     num_kv_heads: int = 1
     max_positions: int = 4096
+    tie_embeddings: bool = True  # untied: the copy head keeps the ids' input and output rows apart
 
 
 def train_tokenizer(
@@ -107,7 +108,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinyModelSpec) ->
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
+        tie_word_embeddings=spec.tie_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -46,6 +46,7 @@ from trainer.checkpoint import (
     restore_training_state,
     save_checkpoint,
 )
+from trainer.copy_head import FixedWeights, copied_tokens, wire_copy_head
 from trainer.curves import write_training_curves
 from trainer.data import (
     Batch,
@@ -169,9 +170,15 @@ def pick_device(name: str) -> torch.device:
 
 
 def micro_batches(
-    states: Sequence[EncodedState], size: int, tokenizer: PreTrainedTokenizerBase, device: torch.device
+    states: Sequence[EncodedState],
+    size: int,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+    unscored: torch.Tensor | None = None,
 ) -> list[Batch]:
-    return [collate(chunk, tokenizer.pad_token_id).to(device) for chunk in split(states, size)]
+    """``states`` in batches of ``size``; ``unscored``: response tokens not predicted (a copy head's ids)."""
+    batches = [collate(chunk, tokenizer.pad_token_id).unscored(unscored) for chunk in split(states, size)]
+    return [batch.to(device) for batch in batches]
 
 
 def starting_model(
@@ -194,10 +201,12 @@ def starting_model(
     whole = [*tiny.whole_tokens, *(sorted({r.action for r in records}) if tiny.action_tokens else [])]
     if any(r.response.startswith('{"action":') for r in sample):
         whole += ACTION_FIRST_PIECES
-    if tiny.item_id_tokens:
-        whole += catalog_item_ids(lake)
-    tokenizer = train_tokenizer(texts, tiny.vocab_size, whole, split_digits=tiny.split_digits)
-    return build_tiny_model(tokenizer, settings.tiny.spec()), tokenizer
+    item_ids = catalog_item_ids(lake) if tiny.item_id_tokens else []
+    tokenizer = train_tokenizer(texts, tiny.vocab_size, [*whole, *item_ids], split_digits=tiny.split_digits)
+    model = build_tiny_model(tokenizer, settings.tiny.spec())
+    if tiny.copy_head:
+        wire_copy_head(model, tokenizer, item_ids)
+    return model, tokenizer
 
 
 def catalog_item_ids(lake: str | Path | None) -> list[str]:
@@ -273,6 +282,7 @@ class TrainingRun:
         check_users_apart(self.pool.records, [s.record for s in self.held_out])
         self.probe = self.encode_probe()
         self.body = HiddenStates(self.model)
+        self.copied = copied_tokens(self.model)  # a copy head's ids: the circuit's, left out of the loss
         self.trainer = self.build_trainer()
         self.sampler = self.build_sampler()
         self.meta = self.base_meta()
@@ -298,6 +308,9 @@ class TrainingRun:
         wrapped = wrap(self.body, self.world, s.strategy, self.device)
         # built after wrapping: FSDP2 replaces each parameter by its shard, and the optimiser steps those
         optimizer = adam(self.model, s.lr, s.adam_betas, s.adam_eps)
+        fixed = FixedWeights.of(self.model)
+        if fixed is not None and self.world.active and s.strategy == "fsdp":
+            raise ValueError("a model with a copy head trains in one process or under ddp, not fsdp")
         return Trainer(
             wrapped,
             optimizer,
@@ -305,6 +318,7 @@ class TrainingRun:
             clip=s.clip_grad_norm,
             device=self.device,
             bf16=s.bf16,
+            fixed=fixed,
         )
 
     def build_sampler(self) -> StateSampler:
@@ -371,7 +385,11 @@ class TrainingRun:
             states = self.drawn(self.settings.states_per_update)
             batches: list[Batch | ScreenIdBatch] = list(
                 micro_batches(
-                    self.world.shard(states), self.settings.micro_batch_states, self.tokenizer, self.device
+                    self.world.shard(states),
+                    self.settings.micro_batch_states,
+                    self.tokenizer,
+                    self.device,
+                    self.copied,
                 )
             )
             batches += self.screen_id_batches(states)
@@ -482,7 +500,7 @@ class TrainingRun:
         if self._held_out_batches is None:
             shard = self.world.shard(self.held_out)
             self._held_out_batches = micro_batches(
-                shard, self.settings.micro_batch_states, self.tokenizer, self.device
+                shard, self.settings.micro_batch_states, self.tokenizer, self.device, self.copied
             )
         return self._held_out_batches
 
