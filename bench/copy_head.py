@@ -4,21 +4,21 @@
     python bench/copy_head.py LAKE OUT NAME WIRING VALUES
 
 WIRING is a JSON object (the scales below), VALUES the training's values over ``DEMO_TRAINING`` as in
-bench/demo_training.py (``{"tiny": {"num_kv_heads": 4}}`` at least: each copy head carries 32 dims).
-One JSON line per run, as demo_training.py writes it.
+bench/demo_training.py (``{"tiny": {"num_kv_heads": 4}}`` at least: each copy head carries 32 dims). One
+JSON line per run, as demo_training.py writes it.
 
-The wiring: untied embeddings; every input lives in A = dims [0, d/2), the ids' rows drawn at
-``id_std`` with a ``flag`` dim; the ids' output rows live in B = [d/2, d), each the id's input row moved
-over and scaled by ``out_scale``, so an id's own position predicts nothing of it. Two heads of the layer
-``layer`` (0, the first, by default; -1, the last) attend, on RoPE's two lowest frequencies (which barely rotate over a prompt), from the cue token (the
-piece a click writes before its id, dim ``const``) to the flag (score scale ``kappa``), and from every other
-token to the bos token (``sink``), whose value is empty; their values copy A into B (``out``). Nothing else
-writes into B at first. ``freeze``: "circuit" keeps the ids' rows, the copy heads, every write into B and
-the special dims and their norm weights as wired ("circuit_choosing": all but the copy heads' query and
-key rows off RoPE's two lowest frequencies, so they can learn which listed id to copy); ``mask_ids``: the
-click's id is left out of the SFT loss. The first layer, fixed, without the id in the loss, is what
-``tiny.copy_head`` builds (trainer/copy_head.py); this script's own wiring is the experiments' (its tiny
-model has the trainer's copy head off).
+The wiring: untied embeddings; every input lives in A = dims [0, d/2), the ids' rows drawn at ``id_std``
+with a ``flag`` dim; the ids' output rows live in B = [d/2, d), each the id's input row moved over and
+scaled by ``out_scale``, so an id's own position predicts nothing of it. Two heads of the layer ``layer``
+(0, the first, by default; -1, the last) attend, on RoPE's two lowest frequencies (which barely rotate
+over a prompt), from the cue token (the piece a click writes before its id, dim ``const``) to the flag
+(score scale ``kappa``), and from every other token to the bos token (``sink``), whose value is empty;
+their values copy A into B (``out``). Nothing else writes into B at first. ``freeze``: "circuit" keeps the
+ids' rows, the copy heads, every write into B and the special dims and their norm weights as wired
+("circuit_choosing": all but the copy heads' query and key rows off RoPE's two lowest frequencies, so they
+can learn which listed id to copy); ``mask_ids``: the click's id is left out of the SFT loss. The first
+layer, fixed, without the id in the loss, is what ``tiny.copy_head`` builds (trainer/copy_head.py); this
+script's own wiring is the experiments' (its tiny model has the trainer's copy head off).
 """
 
 from __future__ import annotations

@@ -47,12 +47,12 @@ DEMO_RECORDS: dict[str, Any] = {
 #: taught the model within this budget, which SFT then leaves to the circuit
 DEMO_TRAINING: dict[str, Any] = {
     "modes": ["single"],
-    "steps": 800,
+    "steps": 1000,
     "states_per_update": 8,
-    "micro_batch_states": 1,
+    "micro_batch_states": 8,
     "lr": 4e-3,
     "warmup_steps": 10,
-    "eval_every": 400,
+    "eval_every": 500,
     "checkpoint_every": 0,
     "held_out_states": 64,
     "held_out_sampled": 32,

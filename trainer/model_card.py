@@ -105,11 +105,18 @@ def base_model_text(meta: Mapping[str, Any]) -> str:
     if meta.get("base"):
         return f"`{meta['base']}`, fine-tuned with its own tokenizer and chat template."
     if meta.get("stage") == "sft":
-        return (
+        text = (
             "None: trajforge's tiny default, a small Llama-architecture model trained from scratch with a "
             "byte-level BPE tokenizer trained on the records' own texts (its shape under `tiny` in the "
             "settings)."
         )
+        if meta.get("settings", {}).get("tiny", {}).get("copy_head"):
+            text += (
+                " Its first layer carries a copy head wired at initialisation and kept fixed: at a click's "
+                "opening it writes one of the ids in view (`copy_head` in config.json; trajforge's "
+                "trainer/copy_head.py)."
+            )
+        return text
     return "Not recorded."
 
 

@@ -168,4 +168,4 @@ def test_a_run_with_the_copy_head_keeps_it_in_its_checkpoint(tiny_lake, train_re
     shown = ids[:3]
     at_opening = next_token_probs(model.eval(), tokenizer, shown, CLICK_ID_PREFIX)[-1]
     assert float(at_opening[id_rows(tokenizer, shown)].sum()) > 0.99
-    assert Path(summary.checkpoint).is_dir()
+    assert "copy head wired at initialisation" in (Path(summary.checkpoint) / "README.md").read_text()
