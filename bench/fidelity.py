@@ -284,18 +284,22 @@ def evaluate_seed(
 # --- figures with intervals ----------------------------------------------------------------------------
 
 
+def drawn(draws: pl.DataFrame, rows: pl.DataFrame, step: str | None) -> pl.DataFrame:
+    """``rows`` of the drawn sessions, each draw under its own id, in the draws' order and each draw's rows
+    in step order: the scores walk a session's steps row by row, and a join alone interleaves the rows of
+    a session drawn twice."""
+    ordered = draws.with_row_index("draw_order").join(rows, on="session_id")
+    ordered = ordered.sort(["draw_order", step] if step else "draw_order", maintain_order=True)
+    return ordered.drop("session_id", "draw_order").rename({"draw": "session_id"}).select(rows.columns)
+
+
 def resampled(frames: TraceFrames, draws: pl.DataFrame) -> TraceFrames:
     """The sessions of one resample (``draws``: session_id -> a new id per draw), steps with them."""
-    sessions = draws.join(frames.sessions, on="session_id").drop("session_id").rename({"draw": "session_id"})
-    steps = draws.join(frames.steps, on="session_id").drop("session_id").rename({"draw": "session_id"})
-    return TraceFrames(sessions.select(frames.sessions.columns), steps.select(frames.steps.columns))
+    return TraceFrames(drawn(draws, frames.sessions, None), drawn(draws, frames.steps, "step"))
 
 
 def resampled_replay(replay: pl.DataFrame | None, draws: pl.DataFrame) -> pl.DataFrame | None:
-    if replay is None:
-        return None
-    joined = draws.join(replay, on="session_id").drop("session_id").rename({"draw": "session_id"})
-    return joined.select(replay.columns)
+    return None if replay is None else drawn(draws, replay, "step_index")
 
 
 def headline(real: TraceFrames, sim: TraceFrames, replay: pl.DataFrame | None) -> dict[str, float | None]:

@@ -94,3 +94,42 @@ def test_the_page_shows_the_bars_the_diagnostics_and_the_curves(study):
     ):
         assert f"<h2>{heading}</h2>" in page
     assert all(f"<th>{arm}</th>" in page for arm in ARMS)
+
+
+def frames_of(sessions: dict[str, list[tuple[str, str]]]):
+    """Trace frames of sessions given as (screen, action) steps."""
+    import polars as pl
+
+    from evaluation.trace_frames import SESSION_SCHEMA, STEP_SCHEMA, TraceFrames
+
+    rows = [{"session_id": sid, "user_id": f"u-{sid}", "terminated": True, "truncated": False,
+             "termination_reason": "end", "prior_clicks": 0, "prior_buys": 0, "recent_click_categories": []}
+            for sid in sessions]  # fmt: skip
+    steps = [{"session_id": sid, "step": k, "screen": screen, "action": action, "accepted": True,
+              "target_item_id": "i1" if action == "click" else None, "review_alias": None,
+              "reject_reason": None, "item_category": "Apparel", "item_price": 10.0}
+             for sid, walk in sessions.items() for k, (screen, action) in enumerate(walk, 1)]  # fmt: skip
+    return TraceFrames(pl.DataFrame(rows, schema=SESSION_SCHEMA), pl.DataFrame(steps, schema=STEP_SCHEMA))
+
+
+def test_a_resample_keeps_each_drawn_sessions_steps_together_and_in_order():
+    """Every session drawn twice: the pooled distributions are those of the sessions once, so every figure
+    is the point estimate's (a join alone interleaved a twice-drawn session's steps and broke its visits)."""
+    import polars as pl
+    from fidelity import headline, resampled
+
+    click, back, cart, end = ("feed", "click"), ("ipv", "back_home"), ("ipv", "ipv_cart"), ("feed", "end")
+    scroll, look = ("feed", "scroll_down"), ("ipv", "ipv_swipe_pic")
+    real = frames_of({"a": [scroll, click, look, back, end], "b": [click, cart, back, click, back, end],
+                      "c": [scroll, scroll, end]})  # fmt: skip
+    sim = frames_of(
+        {"a": [click, back, end], "b": [click, look, cart, back, end], "c": [click, look, ("ipv", "end")]}
+    )
+    twice = pl.DataFrame({"session_id": ["a", "b", "c", "a", "b", "c"], "draw": [f"d{k}" for k in range(6)]})
+    doubled_sim = resampled(sim, twice)
+    assert doubled_sim.steps.filter(pl.col("session_id") == "d1")["action"].to_list() == [
+        "click", "ipv_swipe_pic", "ipv_cart", "back_home", "end"]  # fmt: skip
+    point, doubled = headline(real, sim, None), headline(resampled(real, twice), doubled_sim, None)
+    for metric in ("DM-JSD", "TE", "dCTR", "dACR", "T-JSD"):
+        assert doubled[metric] == pytest.approx(point[metric]), metric
+    assert point["DM-JSD"] > 0
