@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,23 +36,14 @@ sys.path.insert(0, str(ROOT))
 import demo_training  # noqa: E402 - bench/ is the script's folder
 
 import trainer.run  # noqa: E402
-import trainer.sft  # noqa: E402
+from trainer.copy_head import cue_token, readers  # noqa: E402
 from trainer.models import build_tiny_model  # noqa: E402
-
-CLICK_OPENING = '{"action":{"type":"click","target_item_id":"'
 
 
 def id_rows(tokenizer: Any) -> torch.Tensor:
     return torch.tensor(
         sorted(i for t, i in tokenizer.get_added_vocab().items() if t.startswith("i_") and len(t) == 18)
     )
-
-
-def cue_token(tokenizer: Any, some_id: int) -> int:
-    """The token a click's response writes just before its item id."""
-    text = CLICK_OPENING + tokenizer.convert_ids_to_tokens(some_id)
-    tokens = tokenizer(text, add_special_tokens=False).input_ids
-    return tokens[tokens.index(some_id) - 1]
 
 
 def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
@@ -69,9 +59,8 @@ def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
     per_kv = config.num_attention_heads // config.num_key_value_heads
     with torch.no_grad():
         inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-        inputs[:, half:] = 0.0
+        inputs[:, content:] = 0.0
         inputs[rows, :content] = torch.randn(len(rows), content) * wiring["id_std"]
-        inputs[:, content:half] = 0.0
         inputs[rows, flag] = wiring["flag"]
         cue = cue_token(tokenizer, int(rows[0]))
         inputs[cue, const] = wiring["const"]
@@ -104,13 +93,7 @@ def wire(model: Any, tokenizer: Any, wiring: dict[str, float]) -> int:
     return content
 
 
-def readers(layer: Any) -> list[torch.Tensor]:
-    attention, mlp = layer.self_attn, layer.mlp
-    projections = (attention.q_proj, attention.k_proj, attention.v_proj, mlp.gate_proj, mlp.up_proj)
-    return [projection.weight for projection in projections]
-
-
-def freeze_circuit(model: Any, tokenizer: Any, content: int, layer: int, choose: bool = False) -> None:
+def freeze_circuit(model: Any, tokenizer: Any, content: int, copy_layer: int, choose: bool = False) -> None:
     """Zero the gradients of everything the copy depends on, so Adam never moves it."""
     rows, d = id_rows(tokenizer), model.config.hidden_size
     hd = d // model.config.num_attention_heads
@@ -136,7 +119,7 @@ def freeze_circuit(model: Any, tokenizer: Any, content: int, layer: int, choose:
         for weight in readers(layer):
             weight.register_hook(lambda grad: grad.index_fill(1, special[: d // 2 - content], 0.0))
     model.model.norm.weight.register_hook(rows_of(special))
-    attention = model.model.layers[layer].self_attn
+    attention = model.model.layers[copy_layer].self_attn
     if choose:  # the copy heads' other query and key rows learn which listed id to copy
         low = torch.tensor([hd // 2 - 1, hd // 2 - 2])
         heads_qk = torch.cat([h * hd + low for h in copy_heads])
@@ -148,18 +131,6 @@ def freeze_circuit(model: Any, tokenizer: Any, content: int, layer: int, choose:
         attention.k_proj.weight.register_hook(rows_of(kv_rows))
     attention.v_proj.weight.register_hook(rows_of(kv_rows))
     attention.o_proj.weight.register_hook(lambda grad: grad.index_fill(1, heads, 0.0))
-
-
-def without_ids(ids: torch.Tensor) -> Any:
-    """``trainer.sft.state_nll`` with the click's id token left out of each state's mean."""
-
-    def state_nll(body: Any, head: Any, batch: Any, vocab: int) -> torch.Tensor:
-        logits = trainer.sft.response_logits(head, trainer.sft.response_positions(body, batch), vocab)
-        nll = F.cross_entropy(logits, batch.labels, reduction="none")
-        nll = nll.masked_fill(torch.isin(batch.labels, ids.to(batch.labels.device)), 0.0)
-        return trainer.sft.state_means(nll, batch.owner, batch.n_states)
-
-    return state_nll
 
 
 def wired_builder(wiring: dict[str, Any]) -> Any:
@@ -174,8 +145,8 @@ def wired_builder(wiring: dict[str, Any]) -> Any:
         if wiring.get("freeze") in ("circuit", "circuit_choosing"):
             choose = wiring["freeze"] == "circuit_choosing"
             freeze_circuit(model, tokenizer, content, wiring.get("layer", 0), choose)
-        if wiring.get("mask_ids"):
-            trainer.sft.state_nll = without_ids(id_rows(tokenizer))
+        if wiring.get("mask_ids"):  # the trainer's own way of leaving a copy head's ids unscored
+            trainer.run.copied_tokens = lambda _model: id_rows(tokenizer)
         return model
 
     return build

@@ -127,8 +127,9 @@ KEY_ORDER = [("mode", "ascending"), ("record_id", "ascending")]  # the records' 
 ARM_OF_TEACHER = {"optd_intent_teacher": "intent_teacher"}  # the rest distil from the SFT teacher
 
 
-#: a pretrained base's tokenizer writes a catalog id in several tokens, which the screen-id loss cannot
-#: score; the GPU command has no data stack to read the catalog's ids from, so neither does its tiny base
+#: a pretrained base's tokenizer writes a catalog id in several tokens, which neither the screen-id loss
+#: nor the tiny model's copy head can take; the GPU command has no data stack to read the catalog's ids
+#: from, so its tiny base has neither either (the demo's copy head needs the ids as tokens: off with them)
 NO_SCREEN_ID_LOSS = {"screen_id_weight": 0.0, "tiny": {"item_id_tokens": False}}
 
 

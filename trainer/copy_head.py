@@ -138,8 +138,7 @@ def wire_copy_head(
 def place_embeddings(model: PreTrainedModel, layout: Layout, rows: torch.Tensor, cue: int, bos: int) -> None:
     inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     half, content = layout.half, layout.content
-    inputs[:, half:] = 0.0
-    inputs[:, content:half] = 0.0
+    inputs[:, content:] = 0.0
     inputs[rows, :content] = torch.randn(len(rows), content) * ID_STD
     inputs[rows, layout.dim("flag")] = FLAG
     inputs[:, layout.dim("default")] = DEFAULT  # every query but the cue's looks at the bos token
