@@ -139,6 +139,13 @@ class TrainSettings(BaseSettings):
     )
     max_prompt_tokens: int = Field(4096, ge=8, description="longer states are dropped and counted, never cut")
     max_response_tokens: int = Field(256, ge=2, description="longer gold responses are dropped and counted")
+    sft_averaging: Literal["per_state", "per_token"] = Field(
+        "per_state",
+        description="SFT: per_state, each state's mean NLL over its response tokens, states weighted "
+        "equally (OPTD.md's averaging); per_token, every scored response token of the update weighted "
+        "equally. Per state, a short response's tokens count more each: a short answer (an `end`) "
+        "is learnt as likelier than the data has it",
+    )
     class_resampling_alpha: float | None = Field(
         None, ge=0.0, le=1.0, description="q_i ∝ n_i^alpha over action classes (RecVerse: 0.3); None: uniform"
     )

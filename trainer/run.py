@@ -98,6 +98,7 @@ from trainer.sft import (
     screen_id_batch,
     screen_id_nll,
     state_nll,
+    states_per_scored_token,
 )
 from trainer.tensorboard_log import tensorboard_mirrors
 
@@ -394,7 +395,12 @@ class TrainingRun:
             )
             batches += self.screen_id_batches(states)
         weight = self.settings.screen_id_weight
-        objective = SFTObjective(self.body.head, self.vocab, last=batches[-1], screen_id_weight=weight)
+        per_token = None
+        if self.settings.sft_averaging == "per_token":
+            per_token = states_per_scored_token(states, self.copied)
+        objective = SFTObjective(
+            self.body.head, self.vocab, last=batches[-1], screen_id_weight=weight, states_per_token=per_token
+        )
         report = self.trainer.step(batches, objective, self.world.divisor(len(states)), timer=timer)
         return with_sums_over_ranks(report, self.world, self.device), {}
 

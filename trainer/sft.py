@@ -1,4 +1,5 @@
-"""SFT warm-up: teacher-forced NLL of the gold responses, per-state token means, equal state weights.
+"""SFT warm-up: teacher-forced NLL of the gold responses, per-state token means with equal state
+weights, or (``sft_averaging = "per_token"``) every response token of an update weighted equally.
 
 Logits are computed for response positions only: the decoder's final hidden states
 are gathered at the positions that predict response tokens before the LM head, so a
@@ -118,10 +119,29 @@ def screen_id_nll(body: nn.Module, head: Head, batch: ScreenIdBatch, vocab: int)
     return -torch.logsumexp(listed, dim=1)
 
 
-def nll_sums(body: nn.Module, head: Head, batch: Batch, vocab: int) -> LossSums:
-    """Sum over the batch's states of their mean response NLL (the step divides by the update's states)."""
-    total = state_nll(body, head, batch, vocab).sum()
-    return LossSums(total=total, parts={"nll": total.detach()}, tokens=batch.n_tokens)
+def nll_sums(
+    body: nn.Module, head: Head, batch: Batch, vocab: int, states_per_token: float | None = None
+) -> LossSums:
+    """Sum over the batch's states of their mean response NLL (the step divides by the update's states).
+
+    ``states_per_token`` (the update's states over its scored response tokens): the loss is instead the
+    batch's token NLL sum times it, so the step's division gives the mean over the update's tokens;
+    the reported ``nll`` part stays the states' mean NLL."""
+    if states_per_token is None:
+        total = state_nll(body, head, batch, vocab).sum()
+        return LossSums(total=total, parts={"nll": total.detach()}, tokens=batch.n_tokens)
+    logits = response_logits(head, response_positions(body, batch), vocab)
+    nll = F.cross_entropy(logits, batch.labels, reduction="none")
+    reported = state_means(nll.detach(), batch.owner, batch.n_states).sum()
+    return LossSums(total=nll.sum() * states_per_token, parts={"nll": reported}, tokens=batch.n_tokens)
+
+
+def states_per_scored_token(states: Sequence[EncodedState], unscored: torch.Tensor | None) -> float:
+    """The update's states over its scored response tokens (a copy head's ids are not scored), counted
+    on the whole update's states so every rank weights a token alike."""
+    responses = [torch.tensor(s.response_ids) for s in states]
+    scored = sum(int((~torch.isin(r, unscored)).sum()) if unscored is not None else len(r) for r in responses)
+    return len(states) / scored
 
 
 def sft_loss(model: PreTrainedModel, batch: Batch, vocab: int) -> LossSums:
@@ -142,13 +162,14 @@ class SFTObjective:
     vocab: int
     last: Batch | ScreenIdBatch
     screen_id_weight: float = 0.0  # each screen-id state counts as that share of a gold response's state
+    states_per_token: float | None = None  # per_token averaging: ``states_per_scored_token`` of the update
 
     def __call__(self, body: nn.Module, batch: Batch | ScreenIdBatch) -> LossSums:
         gradient_sync(body, batch is self.last)
         if isinstance(batch, ScreenIdBatch):
             nll = screen_id_nll(body, self.head, batch, self.vocab).sum()
             return LossSums(self.screen_id_weight * nll, {"screen_id": nll.detach()}, batch.n_tokens)
-        return nll_sums(body, self.head, batch, self.vocab)
+        return nll_sums(body, self.head, batch, self.vocab, self.states_per_token)
 
 
 @torch.no_grad()

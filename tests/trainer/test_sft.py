@@ -23,7 +23,8 @@ from trainer.models import (
     enable_activation_checkpointing,
     train_tokenizer,
 )
-from trainer.sft import sft_loss
+from trainer.optd import HiddenStates
+from trainer.sft import SFTObjective, sft_loss, states_per_scored_token
 from transforms.lake import write_table
 
 # --- states and batches ----------------------------------------------------------------------
@@ -130,6 +131,63 @@ def test_loss_is_the_mean_over_states_of_per_state_token_means(states, tokenizer
     loss, _ = accumulated(model, chosen, tokenizer, size=4)
     with torch.no_grad():
         assert loss == pytest.approx(float(reference_loss(model, chosen, len(tokenizer))), abs=1e-12)
+
+
+def per_token_loss(model, states, tokenizer, size: int, unscored: torch.Tensor | None = None):
+    model.zero_grad(set_to_none=True)
+    micro = [collate(chunk, tokenizer.pad_token_id).unscored(unscored) for chunk in split(states, size)]
+    per_token = states_per_scored_token(states, unscored)
+    objective = SFTObjective(
+        HiddenStates(model).head, len(tokenizer), last=micro[-1], states_per_token=per_token
+    )
+    total, parts, _ = accumulate(HiddenStates(model), micro, objective, n_states=len(states))
+    return total / len(states), parts["nll"] / len(states), grads(model)
+
+
+def test_per_token_averaging_weights_every_response_token_alike_across_micro_batches(states, tokenizer):
+    model = tiny_model(tokenizer).double()
+    chosen = states[:4]
+    assert len({len(s.response_ids) for s in chosen}) > 1
+    with torch.no_grad():
+        flat = []
+        for s in chosen:
+            logits = model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits
+            flat.append(
+                F.cross_entropy(
+                    logits[0, len(s.prompt_ids) - 1 : -1, : len(tokenizer)],
+                    torch.tensor(s.response_ids),
+                    reduction="none",
+                )
+            )
+        token_mean = float(torch.cat(flat).mean())
+        state_mean = float(reference_loss(model, chosen, len(tokenizer)))
+    assert token_mean != pytest.approx(state_mean, abs=1e-6)  # the two averagings differ on these states
+    whole, reported, reference_grads = per_token_loss(model, chosen, tokenizer, size=4)
+    assert whole == pytest.approx(token_mean, abs=1e-12)
+    assert reported == pytest.approx(state_mean, abs=1e-12)  # the logged nll keeps its meaning
+    for size in (1, 3):
+        value, _, grad = per_token_loss(model, chosen, tokenizer, size=size)
+        assert value == pytest.approx(token_mean, abs=1e-12)
+        for a, b in zip(grad, reference_grads, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_per_token_averaging_counts_only_scored_tokens(states, tokenizer):
+    model = tiny_model(tokenizer).double()
+    chosen = states[:4]
+    unscored = torch.tensor(sorted({chosen[0].response_ids[1], chosen[2].response_ids[3]}))
+    with torch.no_grad():
+        kept = []
+        for s in chosen:
+            logits = model(input_ids=torch.tensor([s.prompt_ids + s.response_ids])).logits
+            labels = torch.tensor(s.response_ids)
+            nll = F.cross_entropy(
+                logits[0, len(s.prompt_ids) - 1 : -1, : len(tokenizer)], labels, reduction="none"
+            )
+            kept.append(nll[~torch.isin(labels, unscored)])
+        token_mean = float(torch.cat(kept).mean())
+    value, _, _ = per_token_loss(model, chosen, tokenizer, size=2, unscored=unscored)
+    assert value == pytest.approx(token_mean, abs=1e-12)
 
 
 def test_loss_and_gradients_identical_across_micro_batch_splits_and_padding(states, tokenizer):
