@@ -4,6 +4,8 @@ and serving the pipeline's deployments."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +30,7 @@ from cli.options import (
     DEFAULT_LAKE,
     ExtractConfig,
     IngestConfig,
+    LakeLocationOption,
     LakeOption,
     RayAddressOption,
     RecordsConfig,
@@ -37,8 +40,22 @@ from cli.options import (
 )
 from cli.settings import load_scale, load_settings
 from cli.stops import stopped
+from flows.object_store import is_store_uri, worked_on_locally
 from flows.preflight import InputError, check_lake, check_new_lake, check_writable_file, check_writable_folder
 from transforms.config import IngestSettings
+
+
+@contextmanager
+def lake_here(lake: str, write: bool = True) -> Iterator[Path]:
+    """``--lake`` as a local folder for the command: an object store's lake is its working copy, pulled
+    before and (``write``) pushed after; the refusals of the checks inside name the URI, not the copy."""
+    with worked_on_locally(lake, write=write) as here:
+        try:
+            yield here
+        except InputError as err:
+            if not is_store_uri(lake):
+                raise
+            raise InputError(str(err).replace(str(here.resolve()), lake).replace(str(here), lake)) from None
 
 
 class BundleFormat(StrEnum):
@@ -84,8 +101,8 @@ class SourceFormat(StrEnum):
 
 
 def ingest(
-    raw: Annotated[Path, typer.Argument(help="raw log bundle folder, or UserArena JSONL", exists=True)],
-    lake: LakeOption = DEFAULT_LAKE,
+    raw: Annotated[str, typer.Argument(help="raw log bundle folder (or s3://...), or UserArena JSONL")],
+    lake: LakeLocationOption = str(DEFAULT_LAKE),
     config: IngestConfig = None,
     buckets: Annotated[int | None, typer.Option("--buckets", help="user-hash partitions")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-run even if the bundle is unchanged")] = False,
@@ -98,21 +115,24 @@ def ingest(
     from flows.ingest import ingest_flow
 
     settings = load_settings(IngestSettings, "ingest", config, buckets=buckets)
-    check_new_lake(lake)
-    with progress_bar(console) as bar:
-        bar.add_task(f"ingesting {raw}", total=None)
-        summary = ingest_flow(
-            str(raw.resolve()),
-            str(lake.resolve()),
-            settings=settings,
-            force=force,
-            source_format=SourceFormat(source_format).value,
-        )
+    if not is_store_uri(raw) and not Path(raw).exists():
+        raise typer.BadParameter(f"Path '{raw}' does not exist.", param_hint="'RAW'")
+    with worked_on_locally(raw, write=False) as raw_here, lake_here(lake) as here:
+        check_new_lake(here)
+        with progress_bar(console) as bar:
+            bar.add_task(f"ingesting {raw}", total=None)
+            summary = ingest_flow(
+                str(raw_here.resolve()),
+                str(here.resolve()),
+                settings=settings,
+                force=force,
+                source_format=SourceFormat(source_format).value,
+            )
     print_ingest_summary(console, summary)
 
 
 def chain(
-    lake: LakeOption = DEFAULT_LAKE,
+    lake: LakeLocationOption = str(DEFAULT_LAKE),
     config: ScaleConfig = None,
     task_runner: TaskRunnerOption = None,
     ray_address: RayAddressOption = None,
@@ -122,8 +142,8 @@ def chain(
     from flows.chain import chain_flow
 
     scale = load_scale(config, task_runner, ray_address)
-    with using_scale(scale):
-        result = chain_flow(str(check_lake(lake, ["sessions"]).resolve()))
+    with lake_here(lake) as here, using_scale(scale):
+        result = chain_flow(str(check_lake(here, ["sessions"]).resolve()))
     print_chain_summary(console, result)
 
 
@@ -136,7 +156,7 @@ class Mode(StrEnum):
 
 
 def records(
-    lake: LakeOption = DEFAULT_LAKE,
+    lake: LakeLocationOption = str(DEFAULT_LAKE),
     config: RecordsConfig = None,
     mode: Annotated[Mode, typer.Option("--mode", help="history: the session's, across sessions")] = Mode.both,
     window_single: Annotated[
@@ -180,7 +200,6 @@ def records(
         recent_buys=recent_buys,
     )
     check_export_split(export_split)
-    check_lake(lake, ["steps", "sessions", "items"])
     if export_jsonl is not None:
         check_writable_file(export_jsonl, "--export-jsonl")
     if export_tokenizer is not None and not (export_tokenizer / "tokenizer_config.json").is_file():
@@ -188,9 +207,10 @@ def records(
             f"{export_tokenizer} holds no tokenizer_config.json", param_hint="'--export-tokenizer'"
         )
     scale = load_scale(config, task_runner, ray_address)
-    with using_scale(scale):
+    with lake_here(lake) as here, using_scale(scale):
+        check_lake(here, ["steps", "sessions", "items"])
         result = records_flow(
-            str(lake.resolve()),
+            str(here.resolve()),
             modes=list(MODES) if Mode(mode) is Mode.both else [Mode(mode).value],
             settings=settings,
             chunk_states=chunk_states,
@@ -229,9 +249,7 @@ class BackendName(StrEnum):
 
 
 def extract(
-    lake: Annotated[str, typer.Option("--lake", help="lake folder with records, steps and items")] = str(
-        DEFAULT_LAKE
-    ),
+    lake: LakeLocationOption = str(DEFAULT_LAKE),
     backend: Annotated[
         BackendName, typer.Option("--backend", help="heuristic (offline rules) | openai")
     ] = BackendName.heuristic,
@@ -265,32 +283,34 @@ def extract(
         max_tokens=max_tokens,
         request_timeout_s=request_timeout,
     )
-    check_lake(lake, ["records"])  # before the flow: a missing lake is one line, not a traceback
-    # a stopped gate (GateError) is one of the command line's clean stops: one line, exit code 1
-    summary = extract_stages_flow(str(Path(lake).resolve()), settings=settings)
+    with lake_here(lake) as here:
+        check_lake(here, ["records"])  # before the flow: a missing lake is one line, not a traceback
+        # a stopped gate (GateError) is one of the command line's clean stops: one line, exit code 1
+        summary = extract_stages_flow(str(here.resolve()), settings=settings)
     print_extract_summary(console, summary)
     console.print(f"next: trajforge records --lake {lake}   (renders them into the gold responses)")
 
 
 def validate(
-    lake: LakeOption = DEFAULT_LAKE,
+    lake: LakeLocationOption = str(DEFAULT_LAKE),
     table: Annotated[str | None, typer.Argument(help="one table (default: every table with a suite)")] = None,
 ) -> None:
     """Validate lake tables against their Great Expectations suites; Data Docs per run."""
     from validation.report import GateError
 
-    lake = check_lake(lake)
     problem = unknown_table_problem(table)
-    if problem:
-        console.print(f"[red]{problem}[/red]")
-        raise typer.Exit(2)
-    from flows.validate import validate_flow  # Prefect loads once the table is known
+    with lake_here(lake) as here:
+        check_lake(here)
+        if problem:
+            console.print(f"[red]{problem}[/red]")
+            raise typer.Exit(2)
+        from flows.validate import validate_flow  # Prefect loads once the table is known
 
-    try:
-        summary = validate_flow(str(lake.resolve()), [table] if table else None)
-    except GateError as err:
-        console.print(f"[red]validation stopped:[/red] {escape(str(err))}", soft_wrap=True)
-        raise typer.Exit(1) from None
+        try:
+            summary = validate_flow(str(here.resolve()), [table] if table else None)
+        except GateError as err:
+            console.print(f"[red]validation stopped:[/red] {escape(str(err))}", soft_wrap=True)
+            raise typer.Exit(1) from None
     print_validation_summary(console, summary)
 
 
@@ -313,20 +333,23 @@ class SqlFormat(StrEnum):
 
 def sql(
     query: Annotated[str, typer.Argument(help="read-only SQL over the lake views")],
-    lake: LakeOption = DEFAULT_LAKE,
+    lake: LakeLocationOption = str(DEFAULT_LAKE),
     limit: Annotated[int, typer.Option("--limit", help="rows printed as a table (csv and json: all)")] = 50,
     output: Annotated[
         SqlFormat, typer.Option("--format", help="csv and json: every row; in csv lists and structs are JSON")
     ] = SqlFormat.table,
 ) -> None:
-    """Run read-only SQL against LAKE/warehouse.duckdb and print the result, every value in full."""
+    """Run read-only SQL against LAKE/warehouse.duckdb and print the result, every value in full; a lake
+    on an object store is read there, through views over its Parquet."""
     import duckdb
 
+    from flows.object_store import store_query
     from transforms.catalog import query as run_query
 
-    check_lake(lake)
+    if not is_store_uri(lake):
+        check_lake(lake)
     try:
-        frame = run_query(lake, query)
+        frame = store_query(lake, query) if is_store_uri(lake) else run_query(lake, query)
     except (duckdb.Error, FileNotFoundError) as exc:
         console.print(f"[red]query failed:[/red] {exc}")
         raise typer.Exit(1) from exc

@@ -12,6 +12,10 @@ import typer
 DEFAULT_LAKE = Path("sample/lake")
 
 LakeOption = Annotated[Path, typer.Option("--lake", help="lake folder (tables + warehouse.duckdb)")]
+#: the dataset commands' lake: a folder, or one on an object store (transforms/object_store.py)
+LakeLocationOption = Annotated[
+    str, typer.Option("--lake", help="lake folder, or s3://bucket/prefix (worked on in a local copy)")
+]
 
 
 class Split(StrEnum):

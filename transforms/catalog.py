@@ -17,6 +17,7 @@ reads (the 1.x command line, DBeaver's driver), rather than 2.0's, which only 2.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -94,8 +95,13 @@ def _has_parquet(lake: Path, name: str) -> bool:
 def lake_tables(lake: str | Path) -> list[str]:
     """The tables on disk: declared ones first, then folders written by later stages."""
     lake = Path(lake)
-    names = dict.fromkeys((*LAKE_TABLES, *_extra_tables(lake)))
-    return [name for name in names if _has_parquet(lake, name)]
+    return lake_table_names(name for name in (*LAKE_TABLES, *_extra_tables(lake)) if _has_parquet(lake, name))
+
+
+def lake_table_names(found: Iterable[str]) -> list[str]:
+    """The table folders ``found`` (holding Parquet) in the catalog's order: declared tables first."""
+    found = set(found)
+    return [name for name in dict.fromkeys((*LAKE_TABLES, *sorted(found))) if name in found]
 
 
 def refresh_catalog(lake: str | Path) -> Path:
@@ -126,7 +132,7 @@ def _build(path: Path, lake: Path) -> None:
                 f"lake_folder() || '/{name}/**/*.parquet', hive_partitioning = false, union_by_name = true)"
             )
         for macro, (_, body) in MACROS.items():
-            if all(t in tables for t in _tables_used(body)):
+            if all(t in tables for t in tables_used(body)):
                 con.execute(f"CREATE MACRO {macro}() AS TABLE {body}")
         con.execute("CREATE TABLE _catalog (key VARCHAR PRIMARY KEY, value VARCHAR)")
         con.execute("INSERT INTO _catalog VALUES ('layout', ?), ('tables', ?)", [LAYOUT, ",".join(tables)])
@@ -137,7 +143,7 @@ def _extra_tables(lake: Path) -> list[str]:
     return sorted(p.name for p in lake.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
-def _tables_used(body: str) -> list[str]:
+def tables_used(body: str) -> list[str]:
     return [t for t in ("steps", "sessions", "quarantine") if f"FROM {t}" in body]
 
 
