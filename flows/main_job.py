@@ -52,6 +52,7 @@ DEMO_TRAINING: dict[str, Any] = {
     "micro_batch_states": 8,
     "lr": 4e-3,
     "warmup_steps": 10,
+    "sft_averaging": "per_token",
     "eval_every": 500,
     "checkpoint_every": 0,
     "held_out_states": 64,
