@@ -184,7 +184,17 @@ def optd_diagnostics(summary: Any) -> dict[str, float | None]:
     return diagnostics_of(summary, (summary.held_out_start or {}).get("teacher_probe_intent_gain"))
 
 
-def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
+def finished_run(folder: Path, resume: bool) -> Any:
+    """With ``--resume``, the summary of a run this study finished in ``folder`` (a run writes its
+    summary once, when it ends), else None: the run is trained."""
+    from trainer.run import TrainSummary
+    from trainer.run_folder import SUMMARY_FILE
+
+    path = folder / SUMMARY_FILE
+    return TrainSummary(**json.loads(path.read_text())) if resume and path.is_file() else None
+
+
+def train_seed(lake: Path, work: Path, size: StudySize, seed: int, resume: bool = False) -> SeedRuns:
     from flows.main_job import DEMO_OPTD
     from trainer.config import TrainSettings, optd_settings
     from trainer.optd_run import run_optd
@@ -193,11 +203,14 @@ def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
     judge, root, seconds = ScreenJudge(lake), work / f"seed-{seed}", {}
     train = sft_values(size, seed)
     started = time.perf_counter()
-    # the study's run folders are its own: a rerun replaces its runs
-    teacher = run_sft(TrainSettings(**train), lake, root / "sft", progress=False, judge=judge, overwrite=True)
+    # the study's run folders are its own: a rerun replaces its runs, unless it resumes the study
+    teacher = finished_run(root / "sft", resume) or run_sft(
+        TrainSettings(**train), lake, root / "sft", progress=False, judge=judge, overwrite=True
+    )
     intent_values = merged(train, size.intent_teacher)
-    intent = run_sft(TrainSettings(**intent_values), lake, root / "intent-teacher", base=teacher.checkpoint,
-                     progress=False, judge=judge, overwrite=True)  # fmt: skip
+    intent = finished_run(root / "intent-teacher", resume) or run_sft(
+        TrainSettings(**intent_values), lake, root / "intent-teacher", base=teacher.checkpoint,
+        progress=False, judge=judge, overwrite=True)  # fmt: skip
     seconds["sft"] = time.perf_counter() - started
     checkpoints, run_dirs = {"sft": teacher.checkpoint}, {"sft": str(root / "sft")}
     diagnostics = {"sft": sft_diagnostics(teacher)}
@@ -206,8 +219,9 @@ def train_seed(lake: Path, work: Path, size: StudySize, seed: int) -> SeedRuns:
         started = time.perf_counter()
         source = intent.checkpoint if arm == "optd_intent_teacher" else teacher.checkpoint
         settings = optd_settings(train, merged(optd, variant))
-        summary = run_optd(settings, lake, root / arm, source, progress=False, judge=judge,
-                           student=teacher.checkpoint, overwrite=True)  # fmt: skip
+        summary = finished_run(root / arm, resume) or run_optd(
+            settings, lake, root / arm, source, progress=False, judge=judge, student=teacher.checkpoint,
+            overwrite=True)  # fmt: skip
         checkpoints[arm], run_dirs[arm] = summary.checkpoint, str(root / arm)
         diagnostics[arm] = optd_diagnostics(summary)
         seconds[arm] = time.perf_counter() - started
@@ -393,7 +407,11 @@ def goals(simulators: dict[str, dict[str, dict[str, float | None]]]) -> dict[str
     }  # fmt: skip
 
 
-def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_study(
+    size: StudySize, work: Path, out: Path, log: Callable[[str], None] = print, resume: bool = False
+) -> dict[str, Any]:
+    """The study; ``resume``: runs finished in ``work`` are kept and traces there continued (a study cut
+    short goes on where it stopped; the A/B counts, never written, are measured again)."""
     from flows.evaluate import evaluated_ids, real_traces
     from worlds.shoppers import held_out_users
 
@@ -406,7 +424,7 @@ def run_study(size: StudySize, work: Path, out: Path, log: Callable[[str], None]
     ab = ABTest.build(lake, users)
     per_seed: dict[int, tuple[SeedRuns, SeedTraces]] = {}
     for seed in size.seeds:
-        runs = train_seed(lake, work, size, seed)
+        runs = train_seed(lake, work, size, seed, resume)
         log(f"seed {seed}: trained {', '.join(f'{k} {v:.0f}s' for k, v in runs.seconds.items())}")
         traces = evaluate_seed(lake, work, size, runs, seed, sessions, ab)
         log(f"seed {seed}: evaluated {', '.join(f'{k} {v:.0f}s' for k, v in traces.seconds.items())}")
@@ -487,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=None)
     parser.add_argument("--sessions", type=int, default=None)
     parser.add_argument("--effect-users", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="keep the runs and traces finished in --work")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     changes = {
@@ -498,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     size = replace(size, **{k: v for k, v in changes.items() if v is not None})
     work = args.work or args.out / ".fidelity-work"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    result = run_study(size, work, args.out)
+    result = run_study(size, work, args.out, resume=args.resume)
     print(json.dumps(result["goals"], indent=2))
     written = f"{args.out / 'fidelity.json'}, {args.out / 'fidelity.html'}"
     print(f"written: {written} in {result['seconds']['total']:.0f}s")

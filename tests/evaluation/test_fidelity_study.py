@@ -133,3 +133,23 @@ def test_a_resample_keeps_each_drawn_sessions_steps_together_and_in_order():
     for metric in ("DM-JSD", "TE", "dCTR", "dACR", "T-JSD"):
         assert doubled[metric] == pytest.approx(point[metric]), metric
     assert point["DM-JSD"] > 0
+
+
+@pytest.mark.slow
+def test_a_resumed_study_keeps_its_finished_runs_and_their_figures(study):
+    from fidelity import QUICK, train_seed
+
+    _result, out = study
+    work = out / "work"
+    lake = work / "lake"
+    metrics = sorted((work / "seed-0").glob("*/metrics.jsonl"))
+    assert len(metrics) == 7  # sft, the intent teacher and five OPTD arms
+    before = {path: path.stat().st_mtime_ns for path in metrics}
+    runs = train_seed(lake, work, QUICK, seed=0, resume=True)
+    assert {path: path.stat().st_mtime_ns for path in metrics} == before  # nothing trained again
+    assert runs.checkpoints["optd"].startswith(str(work / "seed-0" / "optd"))
+    assert runs.diagnostics["optd"]["mean_lambda"] == pytest.approx(
+        json.loads((work / "seed-0" / "optd" / "summary.json").read_text())["stage_figures"]["updates_mean"][
+            "mean_lambda"
+        ]
+    )
