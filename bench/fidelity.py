@@ -430,6 +430,7 @@ def run_study(
         log(f"seed {seed}: evaluated {', '.join(f'{k} {v:.0f}s' for k, v in traces.seconds.items())}")
         per_seed[seed] = (runs, traces)
     result = study_result(size, sessions, users, real["path"], per_seed, started)
+    result["resumed"] = resume  # its seconds are then this run's, not those of the runs it kept
     write_study(result, out)
     return result
 

@@ -157,7 +157,8 @@ def write_html(result: dict[str, Any], path: Path) -> Path:
         f"seeds {result['seeds']}; "
         f"intervals: 95 % percentile over {result['resamples']} resamples of the sessions (the A/B effect: "
         f"of the users). Machine: {html.escape(result['machine'])}; "
-        f"{result['seconds']['total'] / 60:.1f} min.</p>",
+        f"{result['seconds']['total'] / 60:.1f} min"
+        f"{' in a run resuming the runs and traces of an earlier one' if result.get('resumed') else ''}.</p>",
         "<h2>Goals</h2>",
         goals_list(result["goals"]),
         "<h2>Figures (mean over seeds, 95 % interval)</h2>",
