@@ -38,6 +38,7 @@ import polars as pl
 INDEX_FILE = ".store-index.json"
 PUSHING_FILE = ".store-pushing"
 _OWN = {INDEX_FILE, PUSHING_FILE}
+_PARTIAL = (".pulling", f"{INDEX_FILE}.tmp")
 
 
 def is_store_uri(location: str | Path) -> bool:
@@ -99,12 +100,16 @@ def _local_stat(path: Path) -> list[int]:
 
 
 def _local_files(local: Path) -> dict[str, Path]:
+    """The lake's files in the copy: not the copy's own (the index, the push journal, and what a killed
+    download or index write left half done)."""
     if not local.is_dir():
         return {}
     return {
         path.relative_to(local).as_posix(): path
         for path in local.rglob("*")
-        if path.is_file() and path.relative_to(local).as_posix() not in _OWN
+        if path.is_file()
+        and path.relative_to(local).as_posix() not in _OWN
+        and not path.name.endswith(_PARTIAL)
     }
 
 
@@ -252,14 +257,8 @@ def worked_on_locally(location: str | Path, write: bool = True) -> Iterator[Path
         return
     store = StoreLocation(str(location))
     local = working_copy(store)
-    try:
+    with store_errors(store):
         pull(store, local)
-    except Exception as err:  # the store's client raises its own classes, none of them OSError
-        if not _unreachable(err):
-            raise
-        from flows.preflight import InputError
-
-        raise InputError(f"{store.uri}: the store cannot be read ({type(err).__name__}: {err})") from None
     local.mkdir(parents=True, exist_ok=True)
     try:
         yield local
@@ -271,9 +270,20 @@ def worked_on_locally(location: str | Path, write: bool = True) -> Iterator[Path
         push(store, local)
 
 
-def _unreachable(err: Exception) -> bool:
-    """A store that cannot be reached or read: refused credentials, no such bucket, no endpoint."""
-    return isinstance(err, OSError) or type(err).__module__.split(".")[0] in ("botocore", "aiobotocore")
+@contextmanager
+def store_errors(store: StoreLocation) -> Iterator[None]:
+    """A store that cannot be reached or read (refused credentials, no such bucket, no endpoint) as one
+    InputError naming it; the store's client raises its own classes, most of them not OSError."""
+    try:
+        yield
+    except Exception as err:
+        if not (
+            isinstance(err, OSError) or type(err).__module__.split(".")[0] in ("botocore", "aiobotocore")
+        ):
+            raise
+        from flows.preflight import InputError
+
+        raise InputError(f"{store.uri}: the store cannot be read ({type(err).__name__}: {err})") from None
 
 
 def _clean_stops() -> tuple[type[BaseException], ...]:
@@ -288,21 +298,16 @@ def _clean_stops() -> tuple[type[BaseException], ...]:
 def store_connection(location: str) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB whose views (one per lake table) and saved queries read the Parquet on the
     store in place, through the store's filesystem."""
-    from transforms.catalog import MACROS, lake_table_names, tables_used
+    from transforms.catalog import define_lake_views, lake_table_names
 
     store = StoreLocation(location)
     fs = store.filesystem()
-    tables = lake_table_names(_remote_tables(store, fs))
+    with store_errors(store):
+        tables = lake_table_names(_remote_tables(store, fs))
     connection = duckdb.connect()
     connection.register_filesystem(fs)
-    for name in tables:
-        connection.execute(
-            f"CREATE VIEW {name} AS SELECT * FROM read_parquet('{store.url(name)}/**/*.parquet', "
-            "hive_partitioning = false, union_by_name = true)"
-        )
-    for macro, (_, body) in MACROS.items():
-        if all(t in tables for t in tables_used(body)):
-            connection.execute(f"CREATE MACRO {macro}() AS TABLE {body}")
+    folder = f"{store.scheme}://{store.root}".replace("'", "''")
+    define_lake_views(connection, tables, f"'{folder}'")
     return connection
 
 

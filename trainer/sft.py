@@ -47,11 +47,15 @@ def state_means(values: torch.Tensor, owner: torch.Tensor, n_states: int) -> tor
     return sums / counts
 
 
+def token_nll(body: nn.Module, head: Head, batch: Batch, vocab: int) -> torch.Tensor:
+    """The NLL of each scored response token of the batch [N]."""
+    logits = response_logits(head, response_positions(body, batch), vocab)
+    return F.cross_entropy(logits, batch.labels, reduction="none")
+
+
 def state_nll(body: nn.Module, head: Head, batch: Batch, vocab: int) -> torch.Tensor:
     """Each state's mean NLL over its own response tokens [n_states]."""
-    logits = response_logits(head, response_positions(body, batch), vocab)
-    nll = F.cross_entropy(logits, batch.labels, reduction="none")
-    return state_means(nll, batch.owner, batch.n_states)
+    return state_means(token_nll(body, head, batch, vocab), batch.owner, batch.n_states)
 
 
 @dataclass
@@ -127,20 +131,17 @@ def nll_sums(
     ``states_per_token`` (the update's states over its scored response tokens): the loss is instead the
     batch's token NLL sum times it, so the step's division gives the mean over the update's tokens;
     the reported ``nll`` part stays the states' mean NLL."""
-    if states_per_token is None:
-        total = state_nll(body, head, batch, vocab).sum()
-        return LossSums(total=total, parts={"nll": total.detach()}, tokens=batch.n_tokens)
-    logits = response_logits(head, response_positions(body, batch), vocab)
-    nll = F.cross_entropy(logits, batch.labels, reduction="none")
-    reported = state_means(nll.detach(), batch.owner, batch.n_states).sum()
-    return LossSums(total=nll.sum() * states_per_token, parts={"nll": reported}, tokens=batch.n_tokens)
+    nll = token_nll(body, head, batch, vocab)
+    by_state = state_means(nll, batch.owner, batch.n_states).sum()
+    total = by_state if states_per_token is None else nll.sum() * states_per_token
+    return LossSums(total=total, parts={"nll": by_state.detach()}, tokens=batch.n_tokens)
 
 
 def states_per_scored_token(states: Sequence[EncodedState], unscored: torch.Tensor | None) -> float:
     """The update's states over its scored response tokens (a copy head's ids are not scored), counted
     on the whole update's states so every rank weights a token alike."""
-    responses = [torch.tensor(s.response_ids) for s in states]
-    scored = sum(int((~torch.isin(r, unscored)).sum()) if unscored is not None else len(r) for r in responses)
+    tokens = torch.tensor([token for state in states for token in state.response_ids])
+    scored = len(tokens) if unscored is None else int((~torch.isin(tokens, unscored)).sum())
     return len(states) / scored
 
 

@@ -17,7 +17,7 @@ reads (the 1.x command line, DBeaver's driver), rather than 2.0's, which only 2.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import duckdb
@@ -125,17 +125,23 @@ def _build(path: Path, lake: Path) -> None:
     tables = lake_tables(lake)
     with duckdb.connect(str(path), config={"storage_compatibility_version": STORAGE_FORMAT}) as con:
         con.execute(LAKE_FOLDER_MACRO.format(remedy=REMEDY.replace("'", "''")))
-        for name in tables:
-            # union_by_name: files of one table may come from stages that add columns later
-            con.execute(
-                f"CREATE VIEW {name} AS SELECT * FROM read_parquet("
-                f"lake_folder() || '/{name}/**/*.parquet', hive_partitioning = false, union_by_name = true)"
-            )
-        for macro, (_, body) in MACROS.items():
-            if all(t in tables for t in tables_used(body)):
-                con.execute(f"CREATE MACRO {macro}() AS TABLE {body}")
+        define_lake_views(con, tables, "lake_folder()")
         con.execute("CREATE TABLE _catalog (key VARCHAR PRIMARY KEY, value VARCHAR)")
         con.execute("INSERT INTO _catalog VALUES ('layout', ?), ('tables', ?)", [LAYOUT, ",".join(tables)])
+
+
+def define_lake_views(con: duckdb.DuckDBPyConnection, tables: Sequence[str], folder_sql: str) -> None:
+    """A view per table over the Parquet under ``folder_sql`` (an SQL expression naming the lake's folder),
+    and the saved queries whose tables are there."""
+    for name in tables:
+        # union_by_name: files of one table may come from stages that add columns later
+        con.execute(
+            f"CREATE VIEW {name} AS SELECT * FROM read_parquet("
+            f"{folder_sql} || '/{name}/**/*.parquet', hive_partitioning = false, union_by_name = true)"
+        )
+    for macro, (_, body) in MACROS.items():
+        if all(t in tables for t in tables_used(body)):
+            con.execute(f"CREATE MACRO {macro}() AS TABLE {body}")
 
 
 def _extra_tables(lake: Path) -> list[str]:

@@ -222,3 +222,17 @@ def test_an_unreachable_store_is_one_line(monkeypatch, tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert f"s3://{BUCKET}/lake: the store cannot be read" in lines[0]
+    queried = CliRunner().invoke(app, ["sql", "SELECT 1", "--lake", f"s3://{BUCKET}/lake"])
+    lines = [line for line in queried.output.splitlines() if line.strip()]
+    assert queried.exit_code == 1 and len(lines) == 1, queried.output
+    assert f"s3://{BUCKET}/lake: the store cannot be read" in lines[0]
+
+
+def test_what_a_killed_download_left_is_never_pushed(store, tmp_path):
+    location = StoreLocation(f"s3://{BUCKET}/partial")
+    here = tmp_path / "here"
+    write(
+        here, {"steps/part.parquet": b"s", "steps/part.parquet.pulling": b"half", f"{INDEX_FILE}.tmp": b"{"}
+    )
+    assert push(location, here).transferred == ["steps/part.parquet"]
+    assert store.find(f"{BUCKET}/partial") == [f"{BUCKET}/partial/steps/part.parquet"]
