@@ -4,8 +4,9 @@ time per bucket, the reduce's share, and a projection to larger logs on more wor
 Builds a generated bundle of ``--users`` shoppers (10x UserArena by default) and ingests it into
 ``--buckets`` user buckets once, then runs ``chain_flow`` and ``records_flow`` (every user, as a first
 run does) under each runner in turn, in this process under Prefect's ephemeral API. Per bucket, the
-Prefect task runs' own start and end times; the rest of a flow's wall time (statistics, gate, swap,
-catalog, manifest) is its reduce. The RSS of this process and of every Ray worker is sampled every
+Prefect task runs' own start and end times: the stage's work and, where the gate checks the buckets
+side by side (Ray), the gate's; the rest of a flow's wall time (statistics, the gate's whole-table
+checks and combining, swap, catalog, manifest) is its reduce. The RSS of this process and of every Ray worker is sampled every
 0.5 s. Writes bench/results/scale.json.
 
     python bench/scale.py                         # 110,100 shoppers, 8 buckets, local + ray (2 CPUs)
@@ -30,6 +31,7 @@ from hostinfo import describe  # bench/ is the script's folder
 
 RESULTS = Path(__file__).with_name("results") / "scale.json"
 STAGES = {"chain": "chain-bucket", "records": "render-records-bucket"}
+GATE_PARTS = "validation-gate-bucket"
 USERARENA_USERS = 11_010
 
 
@@ -99,10 +101,14 @@ def run_stage(stage: str, lake: Path) -> dict[str, Any]:
     state.result()  # raises what the flow raised
     runs = task_runs(state.state_details.flow_run_id)
     buckets = [r for r in runs if r["name"].startswith(f"{STAGES[stage]}-")]
-    others = [r for r in runs if r not in buckets]
+    # the gate's own map: a task run per bucket inside the gate's task run (on Ray, or several local
+    # workers); none where the gate reads the table in its own process
+    gated = [r for r in runs if r["name"].startswith(f"{GATE_PARTS}-")]
+    others = [r for r in runs if r not in buckets and r not in gated]
     seconds = sorted(r["end"] - r["start"] for r in buckets)
     span = max(r["end"] for r in buckets) - min(r["start"] for r in buckets)
-    reduce = sum(r["end"] - r["start"] for r in others)
+    gate_span = max(r["end"] for r in gated) - min(r["start"] for r in gated) if gated else 0.0
+    reduce = sum(r["end"] - r["start"] for r in others) - gate_span
     wall = ended - started
     return {
         "wall_s": round(wall, 2),
@@ -110,18 +116,24 @@ def run_stage(stage: str, lake: Path) -> dict[str, Any]:
         "bucket_s": [round(s, 2) for s in seconds],
         "bucket_median_s": round(statistics.median(seconds), 2),
         "map_span_s": round(span, 2),
-        # the flow's other tasks: the summary, the gate, the swap, the catalog, the manifest
+        "gate_bucket_s": sorted(round(r["end"] - r["start"], 2) for r in gated),
+        "gate_bucket_median_s": round(statistics.median(r["end"] - r["start"] for r in gated), 2)
+        if gated
+        else 0.0,
+        "gate_map_span_s": round(gate_span, 2),
+        # the flow's other tasks: the summary, the gate (less its map), the swap, the catalog, the manifest
         "reduce_s": round(reduce, 2),
         "reduce_tasks": sorted({r["name"].rsplit("-", 1)[0] for r in others}),
         # planning, the runner's start and Prefect's own bookkeeping
-        "rest_s": round(wall - span - reduce, 2),
+        "rest_s": round(wall - span - gate_span - reduce, 2),
     }
 
 
 def project(result: dict[str, Any], users: int, buckets: int) -> list[dict[str, Any]]:
     """Wall time at 100x and 1,000x UserArena on N workers, from the Ray run: buckets of the same
-    size as measured (so each takes the measured median), ceil(buckets / N) waves of them, and the
-    reduce growing linearly with the users (it is not spread), the rest as measured."""
+    size as measured (so each takes the measured median, its rendering and its gate's checks),
+    ceil(buckets / N) waves of them, and the reduce growing linearly with the users (it is not
+    spread), the rest as measured."""
     rows = []
     users_per_bucket = users / buckets
     for scale in (100, 1000):
@@ -137,7 +149,7 @@ def project(result: dict[str, Any], users: int, buckets: int) -> list[dict[str, 
             }
             for stage in STAGES:
                 measured = result[stage]
-                mapped = waves * measured["bucket_median_s"]
+                mapped = waves * (measured["bucket_median_s"] + measured["gate_bucket_median_s"])
                 reduced = measured["reduce_s"] * target / users
                 total = mapped + reduced + measured["rest_s"]
                 row[f"{stage}_s"] = round(total)

@@ -2,7 +2,9 @@
 
 A user's rows all lie in one bucket (``rekey.bucket_of``), so what a stage does user by user (chain
 sessions into histories, render states into records) is done bucket by bucket, each bucket one Prefect
-task run, and reduced once at the end where a table needs it (statistics, a summary, the swap).
+task run, and reduced once at the end where a table needs it (statistics, a summary, the swap). The
+validation gate follows the same runner: where it runs buckets side by side, the gate checks each
+bucket of a partitioned table in a task of its own (``flows.validate.spread_parts``).
 The tasks exchange paths and small summaries, never the tables, so they can run in other processes:
 
 - ``local`` (the default): Prefect's thread pool in this process, ``local_workers`` buckets at a time

@@ -14,14 +14,19 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.buckets import map_buckets, per_bucket, scale_settings
 from transforms.config import IngestSettings
 from transforms.lake import Staging, recorded_settings
 from validation.report import GateError, GateSummary
+
+if TYPE_CHECKING:
+    from validation.gate import PartsMap
 
 
 class QuietTracebacks(logging.Filter):
@@ -85,6 +90,23 @@ def staging(lake: str) -> Iterator[str]:
         staged.discard()
 
 
+def spread_parts() -> PartsMap | None:
+    """How the gate checks a partitioned table's buckets: side by side, as the stage's own buckets run,
+    when the task runner runs more than one at a time (Ray, or several local workers); None (the
+    whole table in the gate's process) otherwise."""
+    chosen = scale_settings()
+    if chosen.task_runner == "local" and chosen.local_workers == 1:
+        return None
+    from validation.gate import check_part
+
+    checks = per_bucket("validation-gate-bucket", check_part)
+
+    def spread(parts: list[Any], repeated: Any, settings: IngestSettings | None) -> list[Any]:
+        return map_buckets(checks, parts, repeated=repeated, settings=settings)
+
+    return spread
+
+
 @task(name="validation-gate", cache_policy=NO_CACHE)
 def gate_task(
     lake: str,
@@ -116,6 +138,7 @@ def gate_task(
             settings=settings or recorded_settings(lake),
             accounting=accounting,
             raw_files=raw_files,
+            map_parts=spread_parts(),
         )
     except GateError as err:
         publish(err.summary)

@@ -12,6 +12,10 @@ Per table:
    numbers are combined across frames and batches (``mostly`` is judged on the totals). Key
    uniqueness, the one check across frames, comes from a DuckDB aggregate over the table's
    files. Memory is bounded by a frame, not by the table.
+   A partitioned table may instead be checked bucket by bucket wherever the caller runs them
+   (``map_parts``: the flows' task runner, on Ray or several local workers), each bucket
+   (``TablePart``) numbered and framed as the whole table's reader would, so combining the parts'
+   results here gives the same verdict, the same routed rows and one Data Docs site.
 
 Raw tables are read chunk by chunk through ``transforms.readers.read_tables`` (memory bounded by a
 chunk); their key uniqueness is judged on the whole table from a first pass of key hashes.
@@ -34,7 +38,7 @@ import itertools
 import shutil
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -128,13 +132,17 @@ class LakeTableReader:
     batches packed together.
     Every pass yields the same frames in the same order, so row numbers (``ROW``) agree between passes."""
 
-    def __init__(self, root: Path, suite: TableSuite, files: Sequence[Path], frame_rows: int) -> None:
+    def __init__(
+        self, root: Path, suite: TableSuite, files: Sequence[Path], frame_rows: int, bounded: bool = False
+    ) -> None:
+        """``bounded``: ``frame_rows`` is already within ``FRAME_BYTES`` (a part of a table read with the
+        whole table's frame size, so that its frames split as the whole table's do)."""
         self.root, self.suite = root, suite
         self.full = any(c.level == "row" for c in suite.checks)  # rows can be routed: keep every column
         self.columns = suite.schema.names if self.full else _needed(suite)
         self.files = sorted(files, key=lambda f: f.relative_to(root).as_posix())
         self.row_bytes = uncompressed_row_bytes(self.files, self.columns)
-        self.frame_rows = self.rows_within(frame_rows, FRAME_BYTES)
+        self.frame_rows = frame_rows if bounded else self.rows_within(frame_rows, FRAME_BYTES)
 
     def rows_within(self, rows: int, size: int) -> int:
         """At most ``rows`` rows, and no more than ``size`` bytes of them."""
@@ -201,9 +209,10 @@ class LakeTableReader:
             chosen = pl.col("session_id").hash(KEY_SEED) % parts == part
             yield pl.concat([scan.filter(chosen) for scan in scans], how="vertical_relaxed").collect()
 
-    def prepared(self, unique: Sequence[pl.Expr]) -> Iterator[pl.DataFrame]:
-        """The frames with the suite's helpers and ``ROW`` numbered over the whole table."""
-        rows = 0
+    def prepared(self, unique: Sequence[pl.Expr], first_row: int = 0) -> Iterator[pl.DataFrame]:
+        """The frames with the suite's helpers and ``ROW`` numbered over the whole table (``first_row``:
+        the place of this reader's first row in it)."""
+        rows = first_row
         for frame in self.frames():
             yield with_check_columns(self.suite, frame, rows, unique)
             rows += frame.height
@@ -240,12 +249,16 @@ def duplicated_key_hashes(files: Sequence[Path], suite: TableSuite) -> pl.Series
     return typed.select(key_hash(keys)).to_series()
 
 
-def unique_helper(files: Sequence[Path], suite: TableSuite) -> list[pl.Expr]:
-    """``_key_unique`` judged on the whole table, for a table read in frames."""
-    if not suite.keys:
+def unique_helper(suite: TableSuite, repeated: pl.Series | None) -> list[pl.Expr]:
+    """``_key_unique`` judged on the whole table (``repeated``: its ``duplicated_key_hashes``), for a
+    table read in frames."""
+    if not suite.keys or repeated is None:
         return []
-    repeated = duplicated_key_hashes(files, suite)
     return [~key_hash(suite.keys).is_in(repeated.implode()).alias("_key_unique")]
+
+
+def repeated_keys(files: Sequence[Path], suite: TableSuite) -> pl.Series | None:
+    return duplicated_key_hashes(files, suite) if suite.keys else None
 
 
 def located_raw_rows(frame: pl.DataFrame) -> pl.DataFrame:
@@ -486,6 +499,86 @@ def loss_outcomes(
     return outcomes
 
 
+# --- a table in parts -----------------------------------------------------------
+
+
+@dataclass
+class CheckedRows:
+    """What the suite found in some rows of a table: GE's results per batch, up to ``EXAMPLES``
+    failing rows per check, and how many rows it read."""
+
+    results: list[Any]
+    examples: dict[str, list[dict[str, Any]]]
+    rows: int
+
+
+def check_frames(
+    runner: Any, suite: TableSuite, frames: Iterable[pl.DataFrame], batch_rows: int
+) -> CheckedRows:
+    """``frames`` (prepared with the table's row numbers) through the suite, ``batch_rows`` at a time;
+    one frame in memory."""
+    checked = CheckedRows([], {}, 0)
+    for frame in frames:
+        part = runner.validate(suite, batches(suite, frame, batch_rows), first=len(checked.results))
+        found = combine(suite, part)
+        for o in found:
+            o.success = o.success and not o.rows  # a check judged on the totals keeps its examples
+        attach_examples(suite, frame, found)
+        for o in found:
+            kept = checked.examples.setdefault(o.check, [])
+            kept += o.examples[: EXAMPLES - len(kept)]
+        checked.results += part
+        checked.rows += frame.height
+    return checked
+
+
+@dataclass(frozen=True)
+class TablePart:
+    """One user bucket of a lake table in a gate run: its files, where its rows start in the whole
+    table, and the whole table's frame and batch sizes, so that its rows are numbered and its frames
+    split exactly as a reader of the whole table would (routing reads the whole table again)."""
+
+    table: str
+    source: str  # the folder the table is read from (the lake, or a stage's staging folder)
+    files: tuple[str, ...]
+    first_row: int
+    frame_rows: int
+    batch_rows: int
+    run_name: str  # names the part's GE runs within the gate run
+
+
+def table_parts(reader: LakeTableReader, batch_rows: int, run_id: str) -> list[TablePart]:
+    """The reader's files as one part per bucket folder (a user's rows all lie in one)."""
+    parts, first = [], 0
+    for number, (_, grouped) in enumerate(itertools.groupby(reader.files, key=lambda f: f.parent)):
+        files = list(grouped)
+        part = TablePart(
+            reader.suite.table, str(reader.root), tuple(str(f) for f in files), first, reader.frame_rows,
+            batch_rows, f"{run_id}-part{number}",
+        )  # fmt: skip
+        parts.append(part)
+        first += sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    return parts
+
+
+def check_part(bucket: TablePart, repeated: pl.Series | None, settings: IngestSettings | None) -> CheckedRows:
+    """One bucket of a table through its suite (``repeated``: the whole table's duplicated key hashes),
+    in this process or a worker's: the gate's map step."""
+    from validation.ge import Runner
+
+    suite = all_suites(settings)[bucket.table]
+    root = Path(bucket.source)
+    reader = LakeTableReader(root, suite, [Path(f) for f in bucket.files], bucket.frame_rows, bounded=True)
+    runner = Runner(None, bucket.run_name)  # no Data Docs here: the gate's runner adopts the results
+    frames = reader.prepared(unique_helper(suite, repeated), bucket.first_row)
+    return check_frames(runner, suite, frames, bucket.batch_rows)
+
+
+#: runs ``check_part`` for every part (with the table's repeated key hashes and the gate's settings)
+#: and returns the results in the parts' order: where the flows spread a table's buckets
+PartsMap = Callable[[list[TablePart], pl.Series | None, IngestSettings | None], list[CheckedRows]]
+
+
 # --- the run ------------------------------------------------------------------
 
 
@@ -508,10 +601,12 @@ class Gate:
         batch_rows: int,
         staged: Path | None = None,
         frame_rows: int = FRAME_ROWS,
+        map_parts: PartsMap | None = None,
     ) -> None:
         from validation.ge import Runner
 
         self.lake, self.stage, self.batch_rows, self.frame_rows = lake, stage, batch_rows, frame_rows
+        self.settings, self.map_parts = settings, map_parts
         # the tables validated (and rewritten by routing) live here; run files and docs go to the lake
         self.source = staged if staged is not None else lake
         self.suites = all_suites(settings)
@@ -543,7 +638,16 @@ class Gate:
             return self._record(TableVerdict(suite, None, outcomes, report))
         reader = LakeTableReader(self.source, suite, files, self.frame_rows)
         batch_rows = reader.rows_within(self.batch_rows, BATCH_BYTES)
-        outcomes, rows = self._run_frames(suite, reader.prepared(unique_helper(files, suite)), batch_rows)
+        repeated = repeated_keys(files, suite)
+        parts = table_parts(reader, batch_rows, self.run_id) if self.map_parts is not None else []
+        if self.map_parts is not None and len(parts) > 1:
+            checked = self.map_parts(parts, repeated, self.settings)
+            self.runner.adopt(suite, [r for part in checked for r in part.results])
+            outcomes, rows = self._outcomes(suite, checked)
+        else:
+            outcomes, rows = self._run_frames(
+                suite, reader.prepared(unique_helper(suite, repeated)), batch_rows
+            )
         report.rows_in = report.rows_out = rows
         return self._record(TableVerdict(suite, reader, outcomes, report))
 
@@ -552,26 +656,19 @@ class Gate:
     ) -> tuple[list[CheckOutcome], int]:
         """A table frame by frame (each prepared with ``with_check_columns``'s global row numbers): counts
         combined over all frames, examples taken from the frames they lie in; one frame in memory."""
-        results: list[Any] = []
-        examples: dict[str, list[dict[str, Any]]] = {}
-        rows = 0
-        for frame in frames:
-            part = self.runner.validate(suite, batches(suite, frame, batch_rows), first=len(results))
-            found = combine(suite, part)
-            for o in found:
-                o.success = o.success and not o.rows  # a check judged on the totals keeps its examples
-            attach_examples(suite, frame, found)
-            for o in found:
-                kept = examples.setdefault(o.check, [])
-                kept += o.examples[: EXAMPLES - len(kept)]
-            results += part
-            rows += frame.height
+        return self._outcomes(suite, [check_frames(self.runner, suite, frames, batch_rows)])
+
+    def _outcomes(self, suite: TableSuite, parts: Sequence[CheckedRows]) -> tuple[list[CheckOutcome], int]:
+        """The outcomes of a table checked in ``parts`` (in the table's row order), their results kept
+        for the run's files and Data Docs."""
+        results = [r for part in parts for r in part.results]
         self.results += [r.to_json_dict() for r in results]
         outcomes = combine(suite, results) if results else []
         for o in outcomes:
-            o.examples = [] if o.success else examples.get(o.check, [])
+            found = [e for part in parts for e in part.examples.get(o.check, [])][:EXAMPLES]
+            o.examples = [] if o.success else found
         self.summary.outcomes += outcomes
-        return outcomes, rows
+        return outcomes, sum(part.rows for part in parts)
 
     def raw_table(self, suite: TableSuite, chunks: Iterable[pl.DataFrame]) -> TableVerdict | None:
         """A raw table chunk by chunk; None when no chunk was readable."""
@@ -686,6 +783,7 @@ def run_gate(
     staged: str | Path | None = None,
     accounting: dict[str, dict[str, int]] | None = None,
     raw_files: Collection[str] | None = None,
+    map_parts: PartsMap | None = None,
 ) -> GateSummary:
     """Validate lake ``tables`` (default: every present table with a suite) and, if ``raw``
     is given, the raw bundle's tables (``raw_files``: only these files of it, relative to ``raw``).
@@ -698,6 +796,8 @@ def run_gate(
     GE validates them ``batch_rows`` at a time.
     ``staged``: the stage's staging folder (``transforms.lake.Staging``): the tables are read
     (and rewritten by routing) there, while run files and Data Docs go to the lake.
+    ``map_parts``: checks a partitioned table's buckets (``check_part``) wherever it runs them, the
+    whole table's key uniqueness and schema, the combining, routing and Data Docs staying here.
     ``accounting``: the stage's rows per input table (``rows_in``, ``rows_out``, ``quarantined``),
     judged by :func:`loss_outcomes` against ``settings.max_quarantined_share``; the reasons are
     read from the stage's quarantine partition.
@@ -710,7 +810,7 @@ def run_gate(
     if unknown:
         known = ", ".join(n for n in LAKE_TABLES if n in all_suites(settings))
         raise ValueError(f"no validation suite for {', '.join(unknown)}; tables with suites: {known}")
-    gate = Gate(lake, stage, settings, batch_rows, source, frame_rows)
+    gate = Gate(lake, stage, settings, batch_rows, source, frame_rows, map_parts)
     settings = settings or IngestSettings()
     if accounting is not None:
         reasons = lost_reasons(source, stage)

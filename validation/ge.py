@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ from great_expectations.data_context.types.base import (
     DataContextConfig,
     InMemoryStoreBackendDefaults,
     ProgressBarsConfig,
+)
+from great_expectations.data_context.types.resource_identifiers import (
+    ExpectationSuiteIdentifier,
+    ValidationResultIdentifier,
 )
 from great_expectations.execution_engine import pandas_execution_engine
 from great_expectations.expectations.row_conditions import Column, Condition
@@ -81,23 +85,20 @@ def to_pandas(frame: pl.DataFrame, index: str) -> pd.DataFrame:
 
 
 class Runner:
-    """An ephemeral GE context whose Data Docs site lives in ``docs_dir``."""
+    """An ephemeral GE context whose Data Docs site lives in ``docs_dir`` (None: a context that only
+    validates, its results adopted by another runner's site)."""
 
-    def __init__(self, docs_dir: Path, run_id: str) -> None:
+    def __init__(self, docs_dir: Path | None, run_id: str) -> None:
+        site = {
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        }
         config = DataContextConfig(
             store_backend_defaults=InMemoryStoreBackendDefaults(),
             progress_bars=ProgressBarsConfig(globally=False),
             analytics_enabled=False,
-            data_docs_sites={
-                SITE: {
-                    "class_name": "SiteBuilder",
-                    "store_backend": {
-                        "class_name": "TupleFilesystemStoreBackend",
-                        "base_directory": str(docs_dir),
-                    },
-                    "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-                }
-            },
+            data_docs_sites={SITE: site} if docs_dir is not None else {},
         )
         self.context = gx.get_context(mode="ephemeral", project_config=config)
         self.source = self.context.data_sources.add_pandas("lake")
@@ -138,10 +139,26 @@ class Runner:
             results.extend(outcome.run_results.values())
         return results
 
+    def adopt(self, suite: TableSuite, results: Sequence[Any]) -> None:
+        """Results of ``suite`` validated by another runner (a gate's part in another process), kept
+        in this context so its Data Docs show them."""
+        self._checkpoint(suite)
+        store = self.context.validation_results_store
+        for result in results:
+            batch = result.meta["active_batch_definition"]
+            key = ValidationResultIdentifier(
+                expectation_suite_identifier=ExpectationSuiteIdentifier(name=result.suite_name),
+                run_id=result.meta["run_id"],
+                batch_identifier=f"{batch['datasource_name']}-{batch['data_asset_name']}",
+            )
+            store.set(key, result)
+
     def build_docs(self) -> Path:
         self.context.build_data_docs(site_names=[SITE])
         return self.index_html
 
     @property
     def index_html(self) -> Path:
+        if self.docs_dir is None:
+            raise ValueError(f"the GE runner of {self.run_id} has no Data Docs site")
         return self.docs_dir / "index.html"

@@ -3,6 +3,7 @@ worker processes, and the stages mapped over buckets making the same lake on eit
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -103,6 +104,26 @@ def test_ray_runs_buckets_in_two_workers_and_makes_the_local_runners_lake(
         assert sorted(local) == sorted(remote) and len(local) >= 4  # a file per bucket at least
         for path, rows in local.items():
             assert rows.height and rows.equals(remote[path]), f"{name}/{path}"
+    # the records gate checked each bucket on a worker, and judged the table as the local gate did
+    local_gate, ray_gate = (gate_verdict(folder, "records") for folder in (lake, on_ray))
+    assert ray_gate == local_gate and local_gate["tables"]["records"]["rows_in"] > 0
+    assert checked_parts(on_ray, "records") == [f"part{k}" for k in range(4)]
+    assert checked_parts(lake, "records") == []
+
+
+def gate_verdict(lake: Path, stage: str) -> dict:
+    """The last gate run of ``stage``: its tables' rows and warnings, and every check's counts."""
+    runs = sorted((lake / "_runs" / "validation").glob(f"*-{stage}-*/summary.json"))
+    summary = json.loads(runs[-1].read_text())
+    checks = sorted((o["check"], o["success"], o["evaluated"], o["unexpected"]) for o in summary["outcomes"])
+    return {"tables": summary["tables"], "checks": checks}
+
+
+def checked_parts(lake: Path, table: str) -> list[str]:
+    """The bucket parts whose batches the last gate's Data Docs show for ``table``."""
+    docs = sorted((lake / "_docs" / "validation").iterdir())[-1] / "validations" / table
+    names = {page.relative_to(docs).parts[0] for page in docs.rglob("*.html")} if docs.exists() else set()
+    return sorted({name.rsplit("-", 2)[-2] for name in names if "-part" in name})
 
 
 @pytest.mark.slow
@@ -116,3 +137,15 @@ def test_the_chain_command_maps_its_buckets_on_ray(prefect_harness, ray_cluster,
     assert result.exit_code == 0, result.output
     histories = pl.read_parquet(table_files(lake, "histories"), hive_partitioning=False)
     assert histories.height == 40 and len(table_files(lake, "histories")) == 4  # a file per bucket
+
+
+def test_two_local_workers_gate_the_records_bucket_by_bucket_with_the_same_verdict(prefect_harness, tmp_path):
+    lake = generated_lake(tmp_path / "one", users=40, seed=11)
+    side_by_side = tmp_path / "two"
+    shutil.copytree(lake, side_by_side)
+    for folder, settings in ((lake, ScaleSettings()), (side_by_side, ScaleSettings(local_workers=2))):
+        with using_scale(settings):
+            records_flow(str(folder), reuse=False)
+    assert gate_verdict(side_by_side, "records") == gate_verdict(lake, "records")
+    assert checked_parts(side_by_side, "records") == [f"part{k}" for k in range(4)]
+    assert checked_parts(lake, "records") == []

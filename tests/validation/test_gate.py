@@ -5,6 +5,7 @@ batching, Data Docs, results files, and the Prefect task/flow/command."""
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
@@ -16,7 +17,8 @@ import pytest
 
 from tests.validation import lakes
 from transforms.lake import Staging, read_lake_table, table_files
-from validation.gate import loss_outcomes, quarantine_stage, run_gate
+from transforms.schemas import RATIONALES, polars_schema
+from validation.gate import TablePart, check_part, loss_outcomes, quarantine_stage, run_gate
 from validation.report import GateError, GateSummary
 
 
@@ -459,3 +461,100 @@ def test_frames_and_ge_batches_of_a_wide_table_are_bounded_by_bytes(tmp_path: Pa
     report = summary.tables["history"]
     assert (report.rows_in, report.rows_out, report.quarantined) == (3, 1, 2)
     assert read_lake_table(lake, "quarantine").sort("source_row")["source_row"].to_list() == [1, 2]
+
+
+# --- a table checked bucket by bucket ---------------------------------------------------------------
+
+
+class InProcessParts:
+    """The gate's map step run here, part by part (the flows run it on their task runner)."""
+
+    def __init__(self) -> None:
+        self.parts: list[TablePart] = []
+
+    def __call__(self, parts, repeated, settings):
+        self.parts += parts
+        return [check_part(part, repeated, settings) for part in parts]
+
+
+def _verdicts(summary: GateSummary) -> dict[tuple[str, str], tuple]:
+    return {
+        (o.table, o.check): (o.success, o.evaluated, o.unexpected, sorted(o.rows), o.examples, o.exception)
+        for o in summary.outcomes
+    }
+
+
+def _both_ways(lake: Path, copy: Path, **options) -> tuple[GateSummary | GateError, ...]:
+    """The gate over ``lake`` as one table at a time, and over its copy ``copy`` bucket by bucket."""
+    shutil.copytree(lake, copy)
+    spread = InProcessParts()
+    out = []
+    for folder, map_parts in ((lake, None), (copy, spread)):
+        try:
+            out.append(run_gate(folder, docs=False, map_parts=map_parts, **options))
+        except GateError as stop:
+            out.append(stop)
+    assert {part.table for part in spread.parts} >= {"steps", "sessions", "feed_layouts"}
+    return (*out, spread)
+
+
+def test_a_table_checked_bucket_by_bucket_gets_the_whole_tables_verdict(tmp_path: Path):
+    frames = _broken_frames()
+    steps = frames["steps"]
+    stray = steps.filter((pl.col("session_id") == "s2") & (pl.col("step") == 0)).with_columns(
+        bucket=pl.lit(0)
+    )
+    frames["steps"] = pl.concat([steps, stray])  # a key repeated in two buckets
+    lake = lakes.write_lake(tmp_path / "whole", frames)
+    # frames of two rows: buckets split by session hash, batches of two rows, in both runs alike
+    whole, parts, spread = _both_ways(lake, tmp_path / "parts", frame_rows=2, batch_rows=2)
+    assert isinstance(whole, GateError) and isinstance(parts, GateError)
+    assert len([p for p in spread.parts if p.table == "steps"]) == 2
+    firsts = [p.first_row for p in spread.parts if p.table == "steps"]
+    assert firsts == [0, frames["steps"].filter(pl.col("bucket") == 0).height]
+    found = _verdicts(parts.summary)
+    assert found == _verdicts(whole.summary)
+    assert found[("steps", "key_unique")][1:3] == (steps.height + 1, 2)
+    assert not found[("steps", "click_target_visible")][0], "the click on a card not in view"
+
+
+def _rationales(texts: list[str]) -> pl.DataFrame:
+    """Rationales of s1's and s2's steps (buckets 0 and 1), the other columns null."""
+    keys = lakes.frames()["steps"].select("session_id", "step", "bucket").head(len(texts))
+    declared = polars_schema(RATIONALES)
+    rows = keys.with_columns(pl.Series("rationale", texts))
+    return rows.with_columns(
+        pl.lit(None, dtype=dtype).alias(name) for name, dtype in declared.items() if name not in rows.columns
+    ).select(declared.names())
+
+
+def test_rows_routed_from_a_table_checked_bucket_by_bucket_are_the_whole_tables(tmp_path: Path):
+    texts = ["I want a closer look at this one."] * 9
+    texts[1] = texts[7] = "meh"  # too short to be a reason, in bucket 0 and bucket 1
+    rationales = _rationales(texts)
+    assert rationales.filter(pl.col("rationale") == "meh")["bucket"].to_list() == [0, 1]
+    lake = lakes.write_lake(tmp_path / "whole")
+    for (bucket,), rows in rationales.partition_by("bucket", as_dict=True).items():
+        folder = lake / "rationales" / f"bucket={bucket}"  # written in buckets, as a bucketed stage would
+        folder.mkdir(parents=True)
+        pq.write_table(rows.to_arrow().cast(RATIONALES), folder / "part-0.parquet")
+    whole, parts, spread = _both_ways(lake, tmp_path / "parts", replace_quarantine=True, stage="extract")
+    assert "rationales" in {part.table for part in spread.parts}
+    assert _verdicts(parts) == _verdicts(whole)
+    report = parts.tables["rationales"]
+    assert (report.rows_in, report.rows_out, report.quarantined) == (9, 7, 2)
+    for name in ("rationales", "quarantine"):
+        ours, theirs = (read_lake_table(folder, name) for folder in (tmp_path / "parts", lake))
+        assert ours.sort(ours.columns).equals(theirs.sort(theirs.columns)), name
+    moved = read_lake_table(lake, "quarantine")
+    assert sorted(moved["source_file"].str.split("/").list.get(1).to_list()) == ["bucket=0", "bucket=1"]
+
+
+def test_the_data_docs_of_a_gate_in_parts_show_every_parts_batches(tmp_path: Path):
+    lake = lakes.write_lake(tmp_path)
+    spread = InProcessParts()
+    summary = run_gate(lake, ["steps"], map_parts=spread)
+    pages = sorted(Path(summary.docs_index).parent.rglob("*.html"))
+    data = [p.relative_to(p.parents[3]).parts for p in pages if p.name == "lake-steps.html"]
+    assert len(spread.parts) == 2 and [part[0] for part in data] == ["steps", "steps"], pages
+    assert sorted(part[1].rsplit("-", 1)[0][-5:] for part in data) == ["part0", "part1"]  # a batch per bucket
