@@ -61,11 +61,13 @@ DEMO_TRAINING: dict[str, Any] = {
     "tiny": {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 512, "num_layers": 4,
              "num_heads": 4, "num_kv_heads": 4, "item_id_tokens": True, "copy_head": True},
 }  # fmt: skip
-#: OPTD on top of the demo's training: a few updates from the SFT teacher at a lower LR, no warm-up
+#: OPTD on top of the demo's training: a few updates from the SFT teacher, no warm-up, at an LR 40x below
+#: SFT's: its teacher reads the intent as a reason to end, and faster OPTD drifts the student toward
+#: `end` (bench/RESULTS.md, "tenth round")
 DEMO_OPTD: dict[str, Any] = {
     "steps": 10,
     "warmup_steps": 0,
-    "lr": 1e-3,
+    "lr": 1e-4,
     "eval_every": 0,
     "rollout_sampling": {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 64},
 }
