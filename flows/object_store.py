@@ -23,9 +23,11 @@ from the usual environment variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +156,35 @@ def _write_index(local: Path, location: StoreLocation, files: dict[str, dict[str
     temporary.replace(local / INDEX_FILE)
 
 
+#: objects in flight at once in a pull or a push: a store answers each request in tens of milliseconds,
+#: and a lake is thousands of small files
+TRANSFERS = 16
+
+
+def _transfer(relatives: list[str], send: Callable[[str], Any], landed: Callable[[str, Any], None]) -> None:
+    """``send`` every file, ``TRANSFERS`` at a time; ``landed`` here, in this thread, for each as it
+    completes. A failed transfer is raised once every other one has finished and been recorded, so
+    what landed is never sent again."""
+    failure: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=TRANSFERS) as pool:
+        futures = {pool.submit(send, relative): relative for relative in relatives}
+        for future in as_completed(futures):
+            try:
+                landed(futures[future], future.result())
+            except BaseException as err:  # a kill in a worker too: recorded, then raised
+                failure = failure or err
+    if failure is not None:
+        raise failure
+
+
+def _download(fs: Any, url: str, target: Path) -> None:
+    """``url`` into ``target`` through a partial file, so a killed download never passes for the file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".pulling")
+    fs.get_file(url, str(partial))
+    partial.replace(target)
+
+
 def pull(location: StoreLocation, local: Path) -> SyncSummary:
     """Bring ``local`` to what the store holds (see the module's notes); a killed push is finished first."""
     if (local / PUSHING_FILE).exists():
@@ -165,18 +196,25 @@ def pull(location: StoreLocation, local: Path) -> SyncSummary:
     index = _read_index(local, location)
     present = _local_files(local)
     summary = SyncSummary()
-    for relative, meta in sorted(remote.items()):
-        known = index.get(relative)
-        path = present.get(relative)
-        if known is not None and path is not None and _same_object(known, meta):
-            continue  # as the copy last saw it, or changed here since (work not pushed yet): kept
-        target = local / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".pulling")
-        fs.get_file(location.url(relative), str(partial))
-        partial.replace(target)
-        index[relative] = {**meta, "local": _local_stat(target)}
+
+    def download(relative: str) -> None:
+        _download(fs, location.url(relative), local / relative)
+
+    def downloaded(relative: str, _: None) -> None:
+        index[relative] = {**remote[relative], "local": _local_stat(local / relative)}
         summary.transferred.append(relative)
+
+    # a file as the copy last saw it, or changed here since (work not pushed yet), is kept
+    wanted = [
+        relative
+        for relative, meta in sorted(remote.items())
+        if not (relative in index and relative in present and _same_object(index[relative], meta))
+    ]
+    try:
+        _transfer(wanted, download, downloaded)
+    finally:
+        summary.transferred.sort()
+        _write_index(local, location, index)  # what landed is known, even when a download failed
     for relative in sorted(set(index) - set(remote)):  # removed from the store since the copy saw it
         (local / relative).unlink(missing_ok=True)
         del index[relative]
@@ -184,6 +222,18 @@ def pull(location: StoreLocation, local: Path) -> SyncSummary:
     _remove_empty_folders(local)
     _write_index(local, location, index)
     return summary
+
+
+def pull_object(location: StoreLocation, local: Path) -> Path:
+    """One object (``location`` names a file, not a folder) into ``local``, downloaded again only when
+    its size or ETag changed; its path in the copy."""
+    fs = location.filesystem()
+    name = location.root.rsplit("/", 1)[-1]
+    meta, index, target = _object_meta(fs.info(location.root)), _read_index(local, location), local / name
+    if not (target.is_file() and name in index and _same_object(index[name], meta)):
+        _download(fs, location.uri, target)
+        _write_index(local, location, {name: {**meta, "local": _local_stat(target)}})
+    return target
 
 
 def _upload_order(relative: str) -> tuple[int, str]:
@@ -207,17 +257,27 @@ def push(location: StoreLocation, local: Path) -> SyncSummary:
     fs = location.filesystem()
     present = _local_files(local)
     summary = SyncSummary()
+    changed = [
+        relative
+        for relative in sorted(present, key=_upload_order)
+        if index.get(relative) is None or index[relative]["local"] != _local_stat(present[relative])
+    ]
+
+    def upload(relative: str) -> dict[str, Any]:
+        stat = _local_stat(present[relative])
+        fs.put_file(str(present[relative]), location.url(relative))
+        return {**_object_meta(fs.info(location.url(relative))), "local": stat}
+
     with journal.open("w") as log:
-        for relative in sorted(present, key=_upload_order):
-            path = present[relative]
-            known = index.get(relative)
-            if known is not None and known["local"] == _local_stat(path):
-                continue
-            fs.put_file(str(path), location.url(relative))
-            index[relative] = {**_object_meta(fs.info(location.url(relative))), "local": _local_stat(path)}
-            log.write(json.dumps({relative: index[relative]}) + "\n")
+
+        def uploaded(relative: str, entry: dict[str, Any]) -> None:
+            index[relative] = entry
+            log.write(json.dumps({relative: entry}) + "\n")
             log.flush()
             summary.transferred.append(relative)
+
+        for _, group in itertools.groupby(changed, key=lambda relative: _upload_order(relative)[0]):
+            _transfer(list(group), upload, uploaded)  # the catalog's group only once the tables landed
     for relative in sorted(set(_remote_files(location, fs)) - set(present)):
         fs.rm_file(location.url(relative))
         summary.deleted.append(relative)
@@ -250,15 +310,23 @@ def _remove_empty_folders(local: Path) -> None:
 @contextmanager
 def worked_on_locally(location: str | Path, write: bool = True) -> Iterator[Path]:
     """``location`` as a local folder for the block: itself when local; else its working copy, pulled
-    before the block and, when ``write``, pushed after it (also after a clean stop such as a stopped
-    gate, whose lake is consistent; not after a crash, whose work the next pull keeps)."""
+    before the block (a single object read without ``write``: that file in it) and, when ``write``,
+    pushed after it (also after a clean stop such as a stopped gate, whose lake is consistent; not
+    after a crash, whose work the next pull keeps)."""
     if not is_store_uri(location):
         yield Path(location)
         return
     store = StoreLocation(str(location))
     local = working_copy(store)
     with store_errors(store):
-        pull(store, local)
+        one_object = not write and store.filesystem().isfile(store.root)
+        if one_object:  # a raw file read as it is (a UserArena release's JSONL)
+            here = pull_object(store, local)
+        else:
+            pull(store, local)
+    if one_object:
+        yield here
+        return
     local.mkdir(parents=True, exist_ok=True)
     try:
         yield local

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -111,15 +113,17 @@ def test_a_killed_push_is_finished_by_the_next_pull(store, tmp_path, monkeypatch
     write(here, {f"records/bucket={i}/part.parquet": bytes([i]) * 5 for i in range(4)})
     real_filesystem = StoreLocation.filesystem
     sent: list[str] = []
+    sending = threading.Lock()  # uploads run side by side
 
     def dying_filesystem(self):
         fs = real_filesystem(self)
         real_put = fs.put_file
 
         def put_file(local, remote, **kwargs):
-            if len(sent) == 2:
-                raise KeyboardInterrupt  # the process killed between two uploads
-            sent.append(remote)
+            with sending:
+                if len(sent) == 2:
+                    raise KeyboardInterrupt  # the process killed after two uploads
+                sent.append(remote)
             return real_put(local, remote, **kwargs)
 
         fs.put_file = put_file
@@ -137,6 +141,46 @@ def test_a_killed_push_is_finished_by_the_next_pull(store, tmp_path, monkeypatch
     fresh = tmp_path / "fresh"
     pull(location, fresh)
     assert files_of(fresh) == files_of(here)
+
+
+def test_uploads_run_side_by_side_and_the_catalog_goes_once_the_tables_landed(store, tmp_path, monkeypatch):
+    location = StoreLocation(f"s3://{BUCKET}/concurrent")
+    here = tmp_path / "here"
+    write(here, {f"steps/bucket={i}/part-{j}.parquet": bytes([i, j]) for i in range(4) for j in range(5)})
+    write(here, {"warehouse.duckdb": b"catalog", "_runs/ingest/manifest.json": b"{}"})
+    real_filesystem = StoreLocation.filesystem
+    spans: dict[str, tuple[float, float]] = {}
+    in_flight, most = [0], [0]
+    counting = threading.Lock()
+
+    def timed_filesystem(self):
+        fs = real_filesystem(self)
+        real_put = fs.put_file
+
+        def put_file(local, remote, **kwargs):
+            with counting:
+                in_flight[0] += 1
+                most[0] = max(most[0], in_flight[0])
+            started = time.monotonic()
+            time.sleep(0.05)  # a store's round trip
+            real_put(local, remote, **kwargs)
+            with counting:
+                in_flight[0] -= 1
+            spans[remote.rsplit("/concurrent/", 1)[1]] = (started, time.monotonic())
+
+        fs.put_file = put_file
+        return fs
+
+    monkeypatch.setattr(StoreLocation, "filesystem", timed_filesystem)
+    pushed = push(location, here)
+    assert sorted(pushed.transferred) == sorted(files_of(here)) and most[0] > 1
+    tables_done = max(end for name, (_, end) in spans.items() if name.endswith(".parquet"))
+    assert (
+        spans["warehouse.duckdb"][0] >= tables_done and spans["_runs/ingest/manifest.json"][0] >= tables_done
+    )
+    monkeypatch.setattr(StoreLocation, "filesystem", real_filesystem)
+    there = tmp_path / "there"
+    assert len(pull(location, there).transferred) == 22 and files_of(there) == files_of(here)
 
 
 def lake_tables_of(folder: Path) -> dict[str, pl.DataFrame]:
@@ -236,3 +280,31 @@ def test_what_a_killed_download_left_is_never_pushed(store, tmp_path):
     )
     assert push(location, here).transferred == ["steps/part.parquet"]
     assert store.find(f"{BUCKET}/partial") == [f"{BUCKET}/partial/steps/part.parquet"]
+
+
+def test_a_userarena_release_file_on_the_store_ingests_as_the_local_file_does(
+    prefect_harness, store, tmp_path
+):
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from tests.transforms.test_userarena_import import CROSS, SINGLE
+
+    release = tmp_path / "release.jsonl"
+    release.write_text("\n".join(json.dumps(record) for record in (SINGLE, CROSS)) + "\n")
+    store.put_file(str(release), f"{BUCKET}/releases/2026-12/release.jsonl")
+    store.pipe(f"{BUCKET}/releases/2026-12/other-day.jsonl", b"{}\n")  # beside it, never read
+    uri = f"s3://{BUCKET}/releases/2026-12/release.jsonl"
+    for raw, lake in ((str(release), str(tmp_path / "local-lake")), (uri, f"s3://{BUCKET}/ua")):
+        result = CliRunner().invoke(app, ["ingest", raw, "--lake", lake, "--source-format", "userarena"])
+        assert result.exit_code == 0, result.output
+    pulled = working_copy(StoreLocation(uri))
+    assert files_of(pulled) == {"release.jsonl": release.read_bytes()}  # the one object, not its folder
+    fresh = tmp_path / "fresh"
+    pull(StoreLocation(f"s3://{BUCKET}/ua"), fresh)
+    expected, got = lake_tables_of(tmp_path / "local-lake"), lake_tables_of(fresh)
+    assert sorted(got) == sorted(expected) and expected["steps"].height
+    for name, frame in expected.items():
+        assert frame.equals(got[name]), name
