@@ -6,8 +6,8 @@ Builds a generated bundle of ``--users`` shoppers (10x UserArena by default) and
 run does) under each runner in turn, in this process under Prefect's ephemeral API. Per bucket, the
 Prefect task runs' own start and end times: the stage's work and, where the gate checks the buckets
 side by side (Ray), the gate's; the rest of a flow's wall time (statistics, the gate's whole-table
-checks and combining, swap, catalog, manifest) is its reduce. The RSS of this process and of every Ray worker is sampled every
-0.5 s. Writes bench/results/scale.json.
+checks and combining, swap, catalog, manifest) is its reduce. The RSS of this process and of every
+Ray worker is sampled every 0.5 s. Writes bench/results/scale.json.
 
     python bench/scale.py                         # 110,100 shoppers, 8 buckets, local + ray (2 CPUs)
     python bench/scale.py --users 2000 --buckets 4
