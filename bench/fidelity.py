@@ -88,7 +88,7 @@ FULL = StudySize(
     resamples=200,
     train={},
     # OPTD at 1e-3, where its guidance moves the student within the demo's 10 updates (the demo runs
-    # it at 1e-4, where it moves the student less: bench/RESULTS.md, "Tenth round")
+    # it at 1e-4, where it moves the student less: bench/RESULTS.md, "tenth round")
     optd={"lr": 1e-3},
     intent_teacher={"steps": 150, "teacher_intent_share": 0.5, "warmup_steps": 0, "lr": 2e-3},
 )

@@ -258,6 +258,7 @@ def unique_helper(suite: TableSuite, repeated: pl.Series | None) -> list[pl.Expr
 
 
 def repeated_keys(files: Sequence[Path], suite: TableSuite) -> pl.Series | None:
+    """The table's duplicated key hashes, computed once for every part; None for a suite without keys."""
     return duplicated_key_hashes(files, suite) if suite.keys else None
 
 
