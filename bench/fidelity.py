@@ -257,6 +257,7 @@ class ABTest:
     world: Any
     arms: list[Any]
     environment: Any
+    users: list[str]
 
     @classmethod
     def build(cls, lake: Path, users: list[str]) -> ABTest:
@@ -264,7 +265,7 @@ class ABTest:
 
         world = world_from_lake(lake)
         arms, environment = ab_arms(lake, world, users)
-        return cls(world, arms, environment)
+        return cls(world, arms, environment, list(users))
 
 
 def effect_counts(lake: Path, spec: str, sampling: Sampling, ab: ABTest) -> pl.DataFrame | None:
@@ -279,9 +280,26 @@ def effect_counts(lake: Path, spec: str, sampling: Sampling, ab: ABTest) -> pl.D
             close()
 
 
+def kept_counts(path: Path, users: list[str]) -> pl.DataFrame | None:
+    """The A/B counts a resumed study measured before in ``path``, if they cover the same users."""
+    if not path.is_file():
+        return None
+    counts = pl.read_parquet(path)
+    return counts if set(counts["user_id"].unique().to_list()) == set(users) else None
+
+
 def evaluate_seed(
-    lake: Path, work: Path, size: StudySize, runs: SeedRuns, seed: int, sessions: list[str], ab: ABTest
+    lake: Path,
+    work: Path,
+    size: StudySize,
+    runs: SeedRuns,
+    seed: int,
+    sessions: list[str],
+    ab: ABTest,
+    resume: bool = False,
 ) -> SeedTraces:
+    """Every simulator's traces and A/B counts for one seed; each arm's counts are written beside its
+    traces, and a resumed study keeps those it finished."""
     from flows.evaluate import simulate
 
     out = work / f"seed-{seed}" / "evaluation"
@@ -292,7 +310,13 @@ def evaluate_seed(
         written = simulate.fn(str(lake), spec, str(out), sessions, sampling, 64)
         traces.rollouts[arm] = written["rollout"]["path"]
         traces.replays[arm] = written["replay"]["path"] if written["replay"] else None
-        traces.effects[arm] = effect_counts(lake, spec, Sampling(**sampling), ab)
+        counts_path = out / f"ab-counts-{arm}.parquet"
+        counts = kept_counts(counts_path, ab.users) if resume else None
+        if counts is None:
+            counts = effect_counts(lake, spec, Sampling(**sampling), ab)
+            if counts is not None:
+                counts.write_parquet(counts_path)
+        traces.effects[arm] = counts
         traces.seconds[arm] = time.perf_counter() - started
     return traces
 
@@ -413,7 +437,7 @@ def run_study(
     size: StudySize, work: Path, out: Path, log: Callable[[str], None] = print, resume: bool = False
 ) -> dict[str, Any]:
     """The study; ``resume``: runs finished in ``work`` are kept and traces there continued (a study cut
-    short goes on where it stopped; the A/B counts, never written, are measured again)."""
+    short goes on where it stopped, its A/B counts too)."""
     from flows.evaluate import evaluated_ids, real_traces
     from worlds.shoppers import held_out_users
 
@@ -428,7 +452,7 @@ def run_study(
     for seed in size.seeds:
         runs = train_seed(lake, work, size, seed, resume)
         log(f"seed {seed}: trained {', '.join(f'{k} {v:.0f}s' for k, v in runs.seconds.items())}")
-        traces = evaluate_seed(lake, work, size, runs, seed, sessions, ab)
+        traces = evaluate_seed(lake, work, size, runs, seed, sessions, ab, resume)
         log(f"seed {seed}: evaluated {', '.join(f'{k} {v:.0f}s' for k, v in traces.seconds.items())}")
         per_seed[seed] = (runs, traces)
     result = study_result(size, sessions, users, real["path"], per_seed, started)

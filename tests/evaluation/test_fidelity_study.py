@@ -153,3 +153,36 @@ def test_a_resumed_study_keeps_its_finished_runs_and_their_figures(study):
             "mean_lambda"
         ]
     )
+
+
+@pytest.mark.slow
+def test_a_resumed_study_keeps_the_ab_counts_it_measured(study, monkeypatch):
+    import fidelity
+    import polars as pl
+
+    result, out = study
+    evaluation = out / "work" / "seed-0" / "evaluation"
+    written = {path.name: pl.read_parquet(path) for path in evaluation.glob("ab-counts-*.parquet")}
+    assert set(written) == {f"ab-counts-{arm}.parquet" for arm in ARMS}
+    users = set(written["ab-counts-sft.parquet"]["user_id"].to_list())
+    assert len(users) == result["effect_users"]
+
+    measured: list[str] = []
+    monkeypatch.setattr(fidelity, "effect_counts", lambda _lake, spec, *_: measured.append(spec))
+    ab = fidelity.ABTest(None, [], None, sorted(users))
+    runs = fidelity.train_seed(out / "work" / "lake", out / "work", fidelity.QUICK, seed=0, resume=True)
+    sessions = json.loads((out / "fidelity.json").read_text())["sessions"]
+    assert sessions == 6
+    from flows.evaluate import evaluated_ids
+
+    ids = evaluated_ids(str(out / "work" / "lake"), "test", sessions)
+    traces = fidelity.evaluate_seed(
+        out / "work" / "lake", out / "work", fidelity.QUICK, runs, 0, ids, ab, True
+    )
+    assert measured == []  # every arm's counts were kept
+    assert traces.effects["optd"].equals(written["ab-counts-optd.parquet"])
+
+    # counts over other users are measured again
+    other = fidelity.ABTest(None, [], None, sorted(users)[1:])
+    fidelity.evaluate_seed(out / "work" / "lake", out / "work", fidelity.QUICK, runs, 0, ids, other, True)
+    assert len(measured) == len(ARMS)
