@@ -27,6 +27,10 @@ from evaluation.simulators import Key, Messages, Sampling, derived_seed, keys_or
 
 #: below this many shared leading tokens a batch is left-padded as usual: sharing would save nothing
 MIN_SHARED_TOKENS = 16
+#: the likeliest tokens a row's top-p nucleus is looked for among before the whole vocabulary is
+#: sorted: a trained model's nucleus is seldom wider, and on a small model a sort of every row's whole
+#: vocabulary costs about as much as the forward pass itself
+NUCLEUS_CANDIDATES = 64
 
 
 class CheckpointSettings(Sampling):
@@ -159,13 +163,28 @@ class CheckpointSimulator:
         if self.settings.temperature == 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / self.settings.temperature, dim=-1)
-        ordered, order = probs.sort(dim=-1, descending=True)
-        before = ordered.cumsum(dim=-1) - ordered  # the mass of the more likely tokens
-        ordered = ordered.masked_fill(before >= self.settings.top_p, 0.0)
+        ordered, order, before = self.most_likely_first(probs)
+        kept = before < self.settings.top_p
+        ordered = ordered.masked_fill(~kept, 0.0)
         cdf = ordered.cumsum(dim=-1)
         uniform = torch.tensor([[s.random()] for s in streams], dtype=cdf.dtype, device=cdf.device)
-        at = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp(max=cdf.shape[-1] - 1)
+        at = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True)
+        # a uniform rounded onto the nucleus's total mass still picks within the nucleus
+        at = torch.minimum(at, kept.sum(dim=-1, keepdim=True) - 1)
         return order.gather(-1, at)[:, 0]
+
+    def most_likely_first(self, probs: Any) -> tuple[Any, Any, Any]:
+        """``probs`` in descending order, their token ids and the mass before each, as far as every
+        row's nucleus reaches: the ``NUCLEUS_CANDIDATES`` likeliest and one more where each row's
+        nucleus ends among them (the one more, left out, shows it ends), else the whole vocabulary."""
+        candidates = NUCLEUS_CANDIDATES + 1
+        if candidates < probs.shape[-1]:
+            ordered, order = probs.topk(candidates, dim=-1)
+            before = ordered.cumsum(dim=-1) - ordered
+            if bool((before[:, -1] >= self.settings.top_p).all()):
+                return ordered, order, before
+        ordered, order = probs.sort(dim=-1, descending=True)
+        return ordered, order, ordered.cumsum(dim=-1) - ordered
 
     def left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
         width, pad = max(map(len, rows)), self.tokenizer.pad_token_id

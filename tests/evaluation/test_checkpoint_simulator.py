@@ -112,6 +112,38 @@ def test_a_row_is_drawn_from_the_top_p_nucleus_by_its_own_uniform(checkpoint):
     assert load(checkpoint, temperature=0.0).next_tokens(logits, []).tolist() == [0, 2]
 
 
+def nucleus_draw(logits, temperature, top_p, uniforms):
+    """The reference: each row's whole vocabulary sorted in float64, the smallest prefix whose mass
+    reaches top_p kept and renormalised, the token whose cumulative mass first exceeds the uniform."""
+    picks = []
+    for row, u in zip(logits.double(), uniforms, strict=True):
+        probs = torch.softmax(row / temperature, dim=-1)
+        ordered, order = probs.sort(descending=True, stable=True)
+        before = torch.cat([ordered.new_zeros(1), ordered.cumsum(0)[:-1]])
+        kept = ordered[before < top_p]
+        cdf = (kept / kept.sum()).cumsum(0)
+        picks.append(int(order[min(int((cdf <= u).sum()), len(kept) - 1)]))
+    return picks
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])  # nuclei wider than the candidates, about as wide, narrow
+def test_the_nucleus_is_drawn_as_from_the_whole_sorted_vocabulary(checkpoint, scale):
+    import evaluation.checkpoint_simulator as module
+
+    sim = load(checkpoint, temperature=0.9, top_p=0.95)
+    generator = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(12, 600, generator=generator) * scale
+    uniforms = torch.rand(12, generator=generator).tolist()
+    picks = sim.next_tokens(logits, [Uniform(u) for u in uniforms]).tolist()
+    assert picks == nucleus_draw(logits, 0.9, 0.95, uniforms)
+    widest = max(int((torch.softmax(r / 0.9, -1).sort(descending=True)[0].cumsum(0) < 0.95).sum()) + 1
+                 for r in logits)  # fmt: skip
+    # the candidates alone serve where every row's nucleus fits among them, the sort otherwise
+    shortcut = widest <= module.NUCLEUS_CANDIDATES
+    _ordered, order, _before = sim.most_likely_first(torch.softmax(logits / 0.9, dim=-1))
+    assert order.shape[-1] == (module.NUCLEUS_CANDIDATES + 1 if shortcut else 600)
+
+
 def test_greedy_decoding_equals_generate(checkpoint):
     sim = load(checkpoint, max_new_tokens=6, temperature=0.0)
     row = sim.rows(prompts()[:1])[0]
