@@ -10,7 +10,8 @@ engine's 64 episodes at a time); the variants differ in how a row's top-p nucleu
 ``NUCLEUS_CANDIDATES`` likeliest tokens first, or by sorting the whole vocabulary) and in how many
 prompts the checkpoint decodes together (``max_batch``). Rounds are interleaved, so each variant
 sees the machine as busy as the others; every variant's traces must equal the first's answer for
-answer (sampling is keyed by session and step, not by batch).
+answer (sampling is keyed by session and step, not by batch). ``--threads 1`` with one variant, run
+in two processes at once, measures what running the study's seeds side by side would gain.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
 from hostinfo import describe as machine
 
 import evaluation.checkpoint_simulator as checkpoint_module
@@ -39,7 +41,7 @@ from transforms.records import recorded_prompt_settings
 SAMPLING = {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 96, "seed": 42}
 ENGINE_BATCH = 64
 COLUMNS = ("variant", "outputs", "wall s (median)", "wall s (rounds)", "CPU s (median)", "load at start",
-           "same answers")  # fmt: skip
+           "traces unlike the first variant's: rollouts, replayed steps")  # fmt: skip
 HEADER = f"| {' | '.join(COLUMNS)} |\n|---|---:|---:|---|---:|---|---|"
 #: name -> (candidates for the nucleus, max_batch); a candidate count past the vocabulary sorts it whole
 VARIANTS = {
@@ -85,28 +87,47 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--sessions", type=int, default=24, help="held-out test sessions")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     session_ids = evaluated_ids(str(args.lake), "test", args.sessions)
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    runs: dict[str, list[dict]] = {name: [] for name in args.variants}
     for _ in range(args.rounds):
-        for name in VARIANTS:
+        for name in args.variants:
             with tempfile.TemporaryDirectory(prefix="decode-") as folder:
                 runs[name].append(timed_variant(name, args.lake, args.checkpoint, session_ids, Path(folder)))
-    reference = [without_times(t) for t in runs[next(iter(VARIANTS))][0]["traces"]]
-    print(f"Machine: {machine()}; {len(session_ids)} test sessions, {args.rounds} rounds interleaved\n")
+    reference = [without_times(t) for t in runs[args.variants[0]][0]["traces"]]
+    sizes = f"{len(session_ids)} test sessions, {args.rounds} rounds interleaved"
+    print(f"Machine: {machine()}; {sizes}, {torch.get_num_threads()} torch threads\n")
     print(HEADER)
     for name, done in runs.items():
         print(table_row(name, done, reference))
 
 
+def differing(reference: list[list[dict]], traces: list[list[dict]]) -> tuple[int, int]:
+    """Rollout lines (one a session) and replay lines (one a step) unlike the reference's same line."""
+
+    def keyed(lines: list[dict]) -> dict[tuple, dict]:
+        return {(line["session_id"], line.get("step_index")): line for line in lines}
+
+    def unlike(ref: list[dict], got: list[dict]) -> int:
+        theirs = keyed(got)
+        return sum(line != theirs.get(key) for key, line in keyed(ref).items())
+
+    rollouts, replayed = (unlike(ref, got) for ref, got in zip(reference, traces, strict=True))
+    return rollouts, replayed
+
+
 def table_row(name: str, done: list[dict], reference: list[list[dict]]) -> str:
-    same = all([without_times(t) for t in run["traces"]] == reference for run in done)
+    unlike = [differing(reference, [without_times(t) for t in run["traces"]]) for run in done]
     walls = ", ".join(f"{run['seconds']:.1f}" for run in done)
     loads = ", ".join(f"{run['load']:.1f}" for run in done)
     wall = statistics.median(run["seconds"] for run in done)
     cpu = statistics.median(run["cpu_s"] for run in done)
-    verdict = "yes" if same else "NO"
+    verdict = "; ".join(f"{rollouts}, {replayed}" for rollouts, replayed in unlike)
     return f"| {name} | {done[0]['outputs']} | {wall:.1f} | {walls} | {cpu:.1f} | {loads} | {verdict} |"
 
 

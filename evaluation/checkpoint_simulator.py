@@ -5,8 +5,10 @@ padded so every answer starts where its prompt ends; sampling follows PROTOCOL.m
 1.0, top-p 0.95, 512 new tokens, seed 42), all configurable, and temperature 0 decodes greedily.
 
 Each row samples from a random stream of its own, seeded by (seed, its session, its step): an
-answer is the same whichever batch it is decoded in and whatever was decoded before, so a killed
-evaluation resumed writes what one never stopped would have. ``generate`` draws every row from one
+answer does not depend on which batch it is decoded in or what was decoded before, so a killed
+evaluation resumed writes what one never stopped would have. Up to floating point: batches of
+other shapes sum a row's logits in another order, which moves a draw whose uniform falls on a
+boundary of the nucleus (rarely: a step in hundreds). ``generate`` draws every row from one
 generator, so the decoding loop is this module's own: the model's forward with its KV cache, the
 temperature and top-p filter as ``generate`` applies them, then each row's token by inverse
 transform sampling with one uniform from its own stream, all rows in one tensor operation. torch
