@@ -9,9 +9,10 @@ the same test sessions with the study's sampling (temperature 1.0, top-p 0.95, 9
 engine's 64 episodes at a time); the variants differ in how a row's top-p nucleus is found (among
 ``NUCLEUS_CANDIDATES`` likeliest tokens first, or by sorting the whole vocabulary) and in how many
 prompts the checkpoint decodes together (``max_batch``). Rounds are interleaved, so each variant
-sees the machine as busy as the others; every variant's traces must equal the first's answer for
-answer (sampling is keyed by session and step, not by batch). ``--threads 1`` with one variant, run
-in two processes at once, measures what running the study's seeds side by side would gain.
+sees the machine as busy as the others. Sampling is keyed by session and step, not by batch, so the
+variants should write the same traces: the table counts those unlike the first variant's.
+``--threads 1`` with one variant, run in two processes at once, measures what running the study's
+seeds side by side would gain.
 """
 
 from __future__ import annotations

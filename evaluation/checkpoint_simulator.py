@@ -8,7 +8,7 @@ Each row samples from a random stream of its own, seeded by (seed, its session, 
 answer does not depend on which batch it is decoded in or what was decoded before, so a killed
 evaluation resumed writes what one never stopped would have. Up to floating point: batches of
 other shapes sum a row's logits in another order, which moves a draw whose uniform falls on a
-boundary of the nucleus (rarely: a step in hundreds). ``generate`` draws every row from one
+boundary of the nucleus (rarely). ``generate`` draws every row from one
 generator, so the decoding loop is this module's own: the model's forward with its KV cache, the
 temperature and top-p filter as ``generate`` applies them, then each row's token by inverse
 transform sampling with one uniform from its own stream, all rows in one tensor operation. torch
@@ -30,8 +30,8 @@ from evaluation.simulators import Key, Messages, Sampling, derived_seed, keys_or
 #: below this many shared leading tokens a batch is left-padded as usual: sharing would save nothing
 MIN_SHARED_TOKENS = 16
 #: the likeliest tokens a row's top-p nucleus is looked for among before the whole vocabulary is
-#: sorted: a trained model's nucleus is seldom wider, and on a small model a sort of every row's whole
-#: vocabulary costs about as much as the forward pass itself
+#: sorted: a trained model's nucleus is seldom wider, and on a small model with a large vocabulary a
+#: sort of every row's whole vocabulary costs several forward passes
 NUCLEUS_CANDIDATES = 64
 
 
