@@ -4,6 +4,7 @@
     python bench/ingest.py --scale 10        # 110,100 users
     python bench/ingest.py --variants ingest,floor --repeat 5
     python bench/ingest.py --growth 10       # ingest at 1x and 10x, interleaved: how time grows
+    python bench/ingest.py --scale 100 --variants ingest --repeat 1   # 10 copies of the 10x bundle
 
 Variants, each run in its own process so peak RSS is its own:
 - ``ingest``: ``transforms.ingest.ingest_bundle`` (readers, checks, alignment, lake writes);
@@ -278,14 +279,44 @@ def measure(variant: str, raw: Path, work: Path, target_bytes: int = 0) -> dict:
 
 
 def ensure_bundle(users: int, seed: int, work: Path) -> tuple[Path, float]:
+    """The generated bundle of ``users`` shoppers; beyond ``GENERATED_USERS``, copies of the bundle of
+    that size (the generator holds a whole world in memory)."""
     raw = work / f"raw-{users}-{seed}"
     if (raw / "manifest.json").exists():
         return raw, float("nan")
+    if users > GENERATED_USERS:
+        base, _ = ensure_bundle(GENERATED_USERS, seed, work)
+        started = time.perf_counter()
+        replicated_bundle(base, -(-users // GENERATED_USERS), raw)
+        return raw, time.perf_counter() - started
     from synthetic.bundle import write_bundle
 
     started = time.perf_counter()
     write_bundle(raw, users=users, seed=seed, fmt="parquet")
     return raw, time.perf_counter() - started
+
+
+GENERATED_USERS = 10 * USERARENA_USERS  # the largest bundle generated whole
+ID_COLUMNS = ("event_id", "user_id", "page_view_id", "item_id")
+
+
+def replicated_bundle(base: Path, copies: int, out: Path) -> None:
+    """``copies`` copies of the bundle ``base`` side by side in ``out``, every id of copy k prefixed
+    ``c<k>-`` (so the copies share no shopper, page view, event or item), each file streamed from
+    Parquet to Parquet, never whole in memory."""
+    import polars as pl
+
+    partial = out.with_name(out.name + ".partial")
+    for path in sorted(base.glob("*/*.parquet")):
+        for copy in range(copies):
+            scan = pl.scan_parquet(path)
+            prefixed = [(f"c{copy}-" + pl.col(c)).alias(c) for c in ID_COLUMNS if c in scan.collect_schema()]
+            target = partial / path.parent.name / f"c{copy:03d}-{path.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            scan.with_columns(prefixed).sink_parquet(target, compression="zstd", row_group_size=256_000)
+    manifest = {"replicated_from": str(base), "copies": copies}  # no world: not a generator's manifest
+    (partial / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    partial.rename(out)
 
 
 def _generated(seconds: float) -> str:

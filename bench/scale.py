@@ -1,13 +1,15 @@
-"""Benchmark: the per-bucket stages (chain, records) on the local runner and on a local Ray cluster,
-time per bucket, the reduce's share, and a projection to larger logs on more workers.
+"""Benchmark: the stages mapped over parts or buckets (ingest, chain, records) on the local runner and
+on a local Ray cluster, time per part or bucket, the reduce's share, and a projection to larger logs on
+more workers.
 
-Builds a generated bundle of ``--users`` shoppers (10x UserArena by default) and ingests it into
-``--buckets`` user buckets once, then runs ``chain_flow`` and ``records_flow`` (every user, as a first
-run does) under each runner in turn, in this process under Prefect's ephemeral API. Per bucket, the
-Prefect task runs' own start and end times: the stage's work and, where the gate checks the buckets
-side by side (Ray), the gate's; the rest of a flow's wall time (statistics, the gate's whole-table
-checks and combining, swap, catalog, manifest) is its reduce. The RSS of this process and of every
-Ray worker is sampled every 0.5 s. Writes bench/results/scale.json.
+Builds a generated bundle of ``--users`` shoppers (10x UserArena by default), then under each runner in
+turn, in this process under Prefect's ephemeral API: ``ingest_bundle_flow`` into a lake of its own
+(``--buckets`` user buckets; on Ray each part of pass 2 is a task), then ``chain_flow`` and
+``records_flow`` (every user, as a first run does) on a lake ingested once beforehand. Per part or
+bucket, the Prefect task runs' own start and end times: the stage's work and, where the gate checks the
+buckets side by side (Ray), the gate's; the rest of a flow's wall time (ingest's pass 1 and item index,
+statistics, the gate's whole-table checks and combining, swap, catalog, manifest) is its reduce. The RSS
+of this process and of every Ray worker is sampled every 0.5 s. Writes bench/results/scale.json.
 
     python bench/scale.py                         # 110,100 shoppers, 8 buckets, local + ray (2 CPUs)
     python bench/scale.py --users 2000 --buckets 4
@@ -30,7 +32,8 @@ import psutil
 from hostinfo import describe  # bench/ is the script's folder
 
 RESULTS = Path(__file__).with_name("results") / "scale.json"
-STAGES = {"chain": "chain-bucket", "records": "render-records-bucket"}
+STAGES = {"ingest": "ingest-align-part", "chain": "chain-bucket", "records": "render-records-bucket"}
+NESTED = {"ingest"}  # stages whose map runs inside one of the flow's tasks (``ingest-tables``)
 GATE_PARTS = "validation-gate-bucket"
 USERARENA_USERS = 11_010
 
@@ -67,13 +70,17 @@ def build_lake(work: Path, users: int, buckets: int, seed: int) -> Path:
     from transforms.config import IngestSettings
     from transforms.ingest import ingest_bundle
 
-    raw, lake = work / f"raw-{users}", work / f"lake-{users}-{buckets}"
+    raw, lake = raw_bundle(work, users), work / f"lake-{users}-{buckets}"
     if not (raw / "manifest.json").is_file():
         write_bundle(raw, users=users, seed=seed, overwrite=True)
     if not all((lake / name).is_dir() for name in ("steps", "sessions", "items")):
         shutil.rmtree(lake, ignore_errors=True)
         ingest_bundle(raw, lake, IngestSettings(buckets=buckets))
     return lake
+
+
+def raw_bundle(work: Path, users: int) -> Path:
+    return work / f"raw-{users}"
 
 
 def task_runs(flow_run_id: Any) -> list[dict[str, Any]]:
@@ -90,13 +97,22 @@ def task_runs(flow_run_id: Any) -> list[dict[str, Any]]:
     ]
 
 
-def run_stage(stage: str, lake: Path) -> dict[str, Any]:
+def run_stage(stage: str, lake: Path, buckets: int) -> dict[str, Any]:
     from flows.chain import chain_flow
+    from flows.ingest import ingest_bundle_flow
     from flows.records import records_flow
+    from transforms.config import IngestSettings
 
-    flow = chain_flow if stage == "chain" else records_flow
     started = time.time()
-    state = flow(str(lake), reuse=False, return_state=True)
+    if stage == "ingest":  # into a lake of its own, every run from nothing
+        ingested = lake.with_name(f"{lake.name}-ingest")
+        shutil.rmtree(ingested, ignore_errors=True)
+        raw = raw_bundle(lake.parent, int(lake.name.split("-")[1]))
+        settings = IngestSettings(buckets=buckets)
+        state = ingest_bundle_flow(str(raw), str(ingested), settings, return_state=True)
+    else:
+        flow = chain_flow if stage == "chain" else records_flow
+        state = flow(str(lake), reuse=False, return_state=True)
     ended = time.time()
     state.result()  # raises what the flow raised
     runs = task_runs(state.state_details.flow_run_id)
@@ -105,10 +121,10 @@ def run_stage(stage: str, lake: Path) -> dict[str, Any]:
     # workers); none where the gate reads the table in its own process
     gated = [r for r in runs if r["name"].startswith(f"{GATE_PARTS}-")]
     others = [r for r in runs if r not in buckets and r not in gated]
-    seconds = sorted(r["end"] - r["start"] for r in buckets)
-    span = max(r["end"] for r in buckets) - min(r["start"] for r in buckets)
+    seconds = sorted(r["end"] - r["start"] for r in buckets) or [0.0]  # none: ingest in one process
+    span = max(r["end"] for r in buckets) - min(r["start"] for r in buckets) if buckets else 0.0
     gate_span = max(r["end"] for r in gated) - min(r["start"] for r in gated) if gated else 0.0
-    reduce = sum(r["end"] - r["start"] for r in others) - gate_span
+    reduce = sum(r["end"] - r["start"] for r in others) - gate_span - (span if stage in NESTED else 0.0)
     wall = ended - started
     return {
         "wall_s": round(wall, 2),
@@ -129,29 +145,26 @@ def run_stage(stage: str, lake: Path) -> dict[str, Any]:
     }
 
 
-def project(result: dict[str, Any], users: int, buckets: int) -> list[dict[str, Any]]:
-    """Wall time at 100x and 1,000x UserArena on N workers, from the Ray run: buckets of the same
-    size as measured (so each takes the measured median, its rendering and its gate's checks),
-    ceil(buckets / N) waves of them, and the reduce growing linearly with the users (it is not
-    spread), the rest as measured."""
+def project(result: dict[str, Any], users: int) -> list[dict[str, Any]]:
+    """Wall time at 100x and 1,000x UserArena on N workers, from the Ray run: parts and buckets of the
+    same size as measured (so as many more of them as there are more users, each taking the measured
+    median, its work and its gate's checks), ceil(tasks / N) waves of them, the reduce growing linearly
+    with the users (it is not spread), the rest as measured."""
     rows = []
-    users_per_bucket = users / buckets
     for scale in (100, 1000):
         target = USERARENA_USERS * scale
-        target_buckets = math.ceil(target / users_per_bucket)
         for workers in (2, 16, 64, 256):
-            waves = math.ceil(target_buckets / workers)
-            row: dict[str, Any] = {
-                "scale": scale,
-                "users": target,
-                "buckets": target_buckets,
-                "workers": workers,
-            }
+            row: dict[str, Any] = {"scale": scale, "users": target, "workers": workers}
             for stage in STAGES:
-                measured = result[stage]
+                measured = result.get(stage)
+                if not measured or not measured["buckets"]:
+                    continue
+                tasks = math.ceil(measured["buckets"] * target / users)
+                waves = math.ceil(tasks / workers)
                 mapped = waves * (measured["bucket_median_s"] + measured["gate_bucket_median_s"])
                 reduced = measured["reduce_s"] * target / users
                 total = mapped + reduced + measured["rest_s"]
+                row[f"{stage}_tasks"] = tasks
                 row[f"{stage}_s"] = round(total)
                 row[f"{stage}_reduce_share"] = round(reduced / total, 2)
             rows.append(row)
@@ -167,6 +180,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray instance")
     parser.add_argument("--runners", default="local,ray")
+    parser.add_argument("--stages", default=",".join(STAGES), help="of " + ", ".join(STAGES))
     parser.add_argument("--work", type=Path, default=Path("/tmp/trajforge-scale"))
     args = parser.parse_args()
 
@@ -174,6 +188,7 @@ def main() -> None:
     from flows.buckets import ScaleSettings, prefect_api_url, using_scale
 
     args.work.mkdir(parents=True, exist_ok=True)
+    stages = args.stages.split(",")
     started = time.perf_counter()
     lake = build_lake(args.work, args.users, args.buckets, args.seed)
     out: dict[str, Any] = {
@@ -193,13 +208,13 @@ def main() -> None:
             ray.init(num_cpus=args.ray_cpus, include_dashboard=False, runtime_env=env)
         settings = ScaleSettings(task_runner=runner, ray_workers=args.ray_cpus)  # type: ignore[arg-type]
         with RssSampler() as rss, using_scale(settings):
-            measured = {stage: run_stage(stage, lake) for stage in STAGES}
+            measured = {stage: run_stage(stage, lake, args.buckets) for stage in stages}
         measured["peak_rss_driver_gib"] = round(rss.driver / 2**30, 2)
         measured["peak_rss_worker_gib"] = round(rss.worker / 2**30, 2)
         out["runners"][runner] = measured
         print(runner, json.dumps(measured), flush=True)
     if "ray" in out["runners"]:
-        out["projection"] = project(out["runners"]["ray"], args.users, args.buckets)
+        out["projection"] = project(out["runners"]["ray"], args.users)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

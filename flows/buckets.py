@@ -4,7 +4,9 @@ A user's rows all lie in one bucket (``rekey.bucket_of``), so what a stage does 
 sessions into histories, render states into records) is done bucket by bucket, each bucket one Prefect
 task run, and reduced once at the end where a table needs it (statistics, a summary, the swap). The
 validation gate follows the same runner: where it runs buckets side by side, the gate checks each
-bucket of a partitioned table in a task of its own (``flows.validate.spread_parts``).
+bucket of a partitioned table in a task of its own (``flows.validate.spread_parts``), and ingest
+aligns each part of a bundle read in several in a task of its own (``flows.ingest.parts_in_tasks``:
+its parts follow page views, the unit its checks work on, and write into every user bucket).
 The tasks exchange paths and small summaries, never the tables, so they can run in other processes:
 
 - ``local`` (the default): Prefect's thread pool in this process, ``local_workers`` buckets at a time
@@ -117,16 +119,17 @@ def prefect_api_url() -> str | None:
         return str(client.api_url).rstrip("/")
 
 
-def map_buckets(task: Task, buckets: Sequence[Any], /, **shared: Any) -> list[Any]:
-    """``task(bucket, **shared)`` for every bucket, on the chosen task runner; the results in the
-    buckets' order. Any bucket failing fails the map, after every bucket has finished."""
+def map_buckets(task: Task, buckets: Sequence[Any], /, mapped_as: str = "bucket", **shared: Any) -> list[Any]:
+    """``task(bucket, **shared)`` for every bucket (passed as the parameter ``mapped_as``), on the
+    chosen task runner; the results in the buckets' order. Any bucket failing fails the map, after
+    every bucket has finished."""
     settings = scale_settings()
     api = prefect_api_url() if settings.task_runner == "ray" else None
     runner = task_runner(settings, api)
     if settings.task_runner == "ray" and settings.address() is None:
         start_local_ray(runner.init_kwargs)  # type: ignore[attr-defined]
     with runner:
-        parameters = {"bucket": list(buckets), **{name: unmapped(value) for name, value in shared.items()}}
+        parameters = {mapped_as: list(buckets), **{name: unmapped(value) for name, value in shared.items()}}
         futures = runner.map(task, parameters)
         futures.wait()
         return [future.result() for future in futures]

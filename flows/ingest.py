@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.buckets import map_buckets, per_bucket, scale_settings
 from flows.caching import run_stage
 from flows.retrying import IO_RETRIES
 from flows.staged_write import Staged, StageWrite, write_staged
@@ -17,6 +18,7 @@ from transforms.config import IngestSettings
 from transforms.fingerprints import file_fingerprints, fingerprint
 from transforms.ingest import ingest_bundle
 from transforms.ingest.landed import commit_landed, discard_sealed, landed_dir
+from transforms.ingest.part_tasks import AlignMap, PartJob, PartOutcome, align_part_job
 from transforms.lake import world_path
 from transforms.manifest import UsersDone
 from transforms.readers import BundleError
@@ -25,6 +27,21 @@ quiet_tracebacks(BundleError)  # a bundle problem is a clean stop: Prefect logs 
 
 GENERATED_BY = "trajforge.synthetic"  # the ``generator`` of a synthetic bundle's manifest
 INGESTED_TABLES = ("steps", "sessions", "feed_layouts", "items", "profiles", "history")
+
+
+def parts_in_tasks() -> AlignMap | None:
+    """How a bundle read in several parts aligns them: one task each, as the other stages run their
+    buckets, when the task runner runs more than one at a time (Ray, or several local workers); None
+    (the parts in the ingest's own process) otherwise."""
+    chosen = scale_settings()
+    if chosen.task_runner == "local" and chosen.local_workers == 1:
+        return None
+    align = per_bucket("ingest-align-part", align_part_job)
+
+    def in_tasks(jobs: list[PartJob]) -> list[PartOutcome]:
+        return map_buckets(align, jobs, mapped_as="job")
+
+    return in_tasks
 
 
 @task(name="ingest-tables", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -46,6 +63,7 @@ def ingest_tables(
         source_format=source_format,
         staging=staged,
         new_files_only=new_files_only,
+        map_parts=parts_in_tasks(),
     )
     return result.to_json()
 

@@ -14,8 +14,12 @@ from prefect import task
 
 from flows.buckets import ScaleSettings, map_buckets, scale_settings, task_runner, using_scale
 from flows.chain import chain_flow
+from flows.ingest import ingest_bundle_flow, parts_in_tasks
 from flows.records import records_flow
+from synthetic.bundle import write_bundle
 from tests.flows.generated_lakes import generated_lake
+from transforms.config import IngestSettings
+from transforms.ingest.part_tasks import align_part_job
 from transforms.lake import table_files
 
 
@@ -109,6 +113,48 @@ def test_ray_runs_buckets_in_two_workers_and_makes_the_local_runners_lake(
     assert ray_gate == local_gate and local_gate["tables"]["records"]["rows_in"] > 0
     assert checked_parts(on_ray, "records") == [f"part{k}" for k in range(4)]
     assert checked_parts(lake, "records") == []
+
+
+@pytest.mark.slow
+def test_ingest_aligns_its_parts_on_ray_and_on_local_workers_into_the_same_lake(
+    prefect_harness, ray_cluster, tmp_path, monkeypatch
+):
+    import flows.ingest
+
+    aligned_here: list[int] = []
+
+    def counted(job):  # the local workers' tasks run in this process: each part's task is seen
+        aligned_here.append(job.part)
+        return align_part_job(job)
+
+    monkeypatch.setattr(flows.ingest, "align_part_job", counted)
+    raw = tmp_path / "raw"
+    write_bundle(raw, users=60, seed=7)
+    # about 29,000 feed + event rows in parts of 4,000: 8 parts, spilled to disk
+    settings = IngestSettings(spill_part_rows=4_000, memory_rows=0)
+    runners = {
+        "one": ScaleSettings(),
+        "two": ScaleSettings(local_workers=2),
+        "ray": ScaleSettings(task_runner="ray"),
+    }
+    summaries = {}
+    for name, scale in runners.items():
+        with using_scale(scale):
+            summaries[name] = ingest_bundle_flow(str(raw), str(tmp_path / name), settings)
+    ingested = ("steps", "sessions", "feed_layouts", "items", "profiles", "history", "quarantine")
+    one = {table: table_rows(tmp_path / "one", table) for table in ingested}
+    assert {path.split("/")[1] for path in one["steps"]} == {f"part-{p}.parquet" for p in range(8)}
+    for name in ("two", "ray"):
+        assert summaries[name]["counts"] == summaries["one"]["counts"]
+        for table in ingested:
+            other = table_rows(tmp_path / name, table)
+            assert sorted(other) == sorted(one[table]), f"{name}: {table}"
+            for path, rows in one[table].items():
+                assert rows.equals(other[path]), f"{name}: {table}/{path}"
+    assert sorted(aligned_here) == list(range(8))  # the two local workers' tasks, a part each
+    with using_scale(runners["ray"]):
+        assert parts_in_tasks() is not None  # the parts ran as tasks on Ray
+    assert parts_in_tasks() is None  # one local worker: in the ingest's own process
 
 
 def gate_verdict(lake: Path, stage: str) -> dict:

@@ -19,7 +19,9 @@ Two passes, so memory is bounded by a part, not by the bundle:
    sorted by hash, pseudonyms, what the checks need: ``item_index``); then, part by part, the
    checks and the step alignment of ``transforms.align`` run on the part's page views
    (``alignment``, pure), and its rows are pseudonymized (``keying``) and added to the staged
-   tables as ``part-<p>.parquet`` files (``run``).
+   tables as ``part-<p>.parquet`` files (``run``). Given a map over parts (the flows' Ray or local
+   workers), each part is a task of its own instead, reading the shared context and its rows from
+   files under the spill (``part_tasks``); the lake is the same, file for file.
 
 Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (2,000,000: three
 parts at UserArena scale, kept in memory; one for small bundles).

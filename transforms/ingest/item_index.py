@@ -4,12 +4,14 @@ parts look their item ids up in."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from transforms import align
 from transforms.config import IngestSettings
+from transforms.files import atomic_file
 from transforms.ingest.duplicate_ids import settle
 from transforms.ingest.hashes import ID_SEED, check_hash, id_hash, merge_lookup
 from transforms.ingest.keying import lake_columns, pseudonyms
@@ -75,6 +77,30 @@ class ItemIndex:
     def context(self) -> pl.DataFrame:
         """``align.item_context`` by index row: row k describes the item a ``_item`` of k names."""
         return self.frame.drop("_h", "_check")
+
+
+INDEX_FILE, SEED_FILE = "item_index.parquet", "item_index.seed"
+
+
+def save_index(index: ItemIndex, folder: Path, zstd_level: int | None = None) -> None:
+    """``index`` with its pseudonyms as ``folder/item_index.parquet`` and its hash seed beside it
+    (``zstd_level`` None: uncompressed, for a copy read back soon)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    frame = index.frame.with_columns(index.keys.alias("_key"))
+    with atomic_file(folder / INDEX_FILE) as tmp:
+        if zstd_level is None:
+            frame.write_parquet(tmp, compression="uncompressed")
+        else:
+            frame.write_parquet(tmp, compression="zstd", compression_level=zstd_level)
+    (folder / SEED_FILE).write_text(f"{index.seed}\n")
+
+
+def load_index(folder: Path) -> ItemIndex:
+    """The index ``save_index`` wrote to ``folder``."""
+    frame = pl.read_parquet(folder / INDEX_FILE)
+    index = ItemIndex(frame.drop("_key"), int((folder / SEED_FILE).read_text()), frame["_h"])
+    index.keys = frame["_key"].rename("_key")
+    return index
 
 
 def items_pass(

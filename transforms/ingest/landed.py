@@ -21,6 +21,7 @@ every ingest then reads the whole bundle.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -30,9 +31,9 @@ from pathlib import Path
 import polars as pl
 
 from transforms.config import IngestSettings
-from transforms.files import atomic_file, link_tree, swap_into_place
+from transforms.files import link_tree, swap_into_place
 from transforms.fingerprints import code_version, fingerprint
-from transforms.ingest.item_index import ItemIndex
+from transforms.ingest.item_index import INDEX_FILE, ItemIndex, load_index, save_index
 from transforms.readers import empty_typed, no_event_marks, raw_table_files
 from transforms.schemas import RAW_TABLES
 
@@ -98,20 +99,23 @@ class LandedWriter:
             self._write(self.root / "feeds" / f"bucket={bucket}", rows.drop("bucket"))
         self._write(self.root / "marks", marks)
 
+    def for_part(self, part: int) -> LandedWriter:
+        """A writer into the same folder whose files are named for ``part``: for a task that lands one
+        part's rows in another thread or process while others land theirs."""
+        writer = copy.copy(self)
+        writer.token, writer.count = f"{self.token}-p{part}", 0
+        return writer
+
     def add_whole(self, name: str, frame: pl.DataFrame) -> None:
         self._write(self.root / name, frame)
 
     def save_index(self, index: ItemIndex) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        frame = index.frame.with_columns(index.keys.alias("_key"))
-        with atomic_file(self.root / "item_index.parquet") as tmp:
-            frame.write_parquet(tmp, compression="zstd", compression_level=self.zstd_level)
-        (self.root / "item_index.seed").write_text(f"{index.seed}\n")
+        save_index(index, self.root, self.zstd_level)
 
     def link_from(self, lake: str | Path) -> None:
         """The lake's landed files (its item index aside) hard-linked into this writer's folder: the
         earlier rows stay as they were."""
-        link_tree(landed_dir(lake), self.root, skip=("item_index.parquet",))
+        link_tree(landed_dir(lake), self.root, skip=(INDEX_FILE,))
 
     def seal(self, files: dict[str, str], settings: IngestSettings) -> Path:
         """Write the record a later ingest compares the bundle with (every landed file's fingerprint);
@@ -194,9 +198,4 @@ class Landed:
         return scan.select("event_id", "user_id", "page_view_id").collect()
 
     def item_index(self) -> ItemIndex:
-        frame = pl.read_parquet(self.root / "item_index.parquet")
-        seed = int((self.root / "item_index.seed").read_text())
-        keys = frame["_key"].rename("_key")
-        index = ItemIndex(frame.drop("_key"), seed, frame["_h"])
-        index.keys = keys
-        return index
+        return load_index(self.root)

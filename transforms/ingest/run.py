@@ -31,6 +31,7 @@ from transforms.ingest.item_index import ItemIndex, items_pass
 from transforms.ingest.keying import history_rows, key_part, profile_rows, user_assignment
 from transforms.ingest.landed import LandedWriter, bundle_files, commit_landed, landed_dir, view_buckets
 from transforms.ingest.new_files import NewFiles, ingest_new_files, plan_new_files
+from transforms.ingest.part_tasks import AlignMap, PartOutcome, forget_context, part_jobs
 from transforms.ingest.parts import Raw, from_tables, read_pass
 from transforms.ingest.writer import Writer
 from transforms.lake import STAGING, StagedTable, write_quarantine
@@ -149,10 +150,21 @@ def shared_context(
     return Context(settings, item_index, profile_context, users, max_ts, events, source.cuts)
 
 
-def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals, land: bool = True) -> None:
+def align_parts(
+    source: Raw,
+    ctx: Context,
+    run: StagedRun,
+    totals: Totals,
+    land: bool = True,
+    map_parts: AlignMap | None = None,
+) -> None:
     """Pass 2: ``ALIGN_THREADS`` parts align at once; their outputs are keyed and written in part
-    order while the next ones align. ``land``: the parts' raw rows are landed (``run.landed``)."""
+    order while the next ones align. ``land``: the parts' raw rows are landed (``run.landed``).
+    ``map_parts``: several parts run it, one task each (``part_tasks``), wherever it runs them."""
     land = land and run.landed is not None
+    if map_parts is not None and source.parts > 1:
+        _align_in_tasks(source, ctx, run, totals, land, map_parts)
+        return
 
     def aligned(p: int) -> tuple[Part, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
@@ -167,12 +179,32 @@ def align_parts(source: Raw, ctx: Context, run: StagedRun, totals: Totals, land:
             part, keys = running.popleft().result()
             if p + ALIGN_THREADS < source.parts:
                 running.append(pool.submit(aligned, p + ALIGN_THREADS))
-            totals.rejects += part.rejects
-            totals.flags += part.flags
-            totals.no_profile.append(part.no_profile)
-            totals.duplicates["feeds"] += part.feed_duplicates
-            totals.dropped["events"] += part.dropped_events
+            _gather(totals, part)
             run.writer.submit(write_keyed_part, part, ctx, keys, run, p)
+
+
+def _gather(totals: Totals, part: Part | PartOutcome) -> None:
+    """What the run counts of an aligned part, in part order."""
+    totals.rejects += part.rejects
+    totals.flags += part.flags
+    totals.no_profile.append(part.no_profile)
+    totals.duplicates["feeds"] += part.feed_duplicates
+    totals.dropped["events"] += part.dropped_events
+
+
+def _align_in_tasks(
+    source: Raw, ctx: Context, run: StagedRun, totals: Totals, land: bool, map_parts: AlignMap
+) -> None:
+    """Pass 2 as one task per part: the context and the parts' rows written to the spill, then mapped."""
+    jobs = part_jobs(source, ctx, run.tables, run.landed if land else None, run.spill / "tasks")
+    try:
+        outcomes = map_parts(jobs)
+    finally:
+        forget_context(jobs[0].context)
+    for outcome in outcomes:
+        _gather(totals, outcome)
+        for name, rows in outcome.rows.items():
+            run.tables[name].rows += rows
 
 
 def land(
@@ -199,6 +231,7 @@ def ingest_bundle(
     source_format: str = "bundle",
     staging: str | Path | None = None,
     new_files_only: bool = True,
+    map_parts: AlignMap | None = None,
 ) -> IngestResult:
     """Read ``raw``, align, and (re)write the lake tables atomically. Idempotent.
 
@@ -211,6 +244,8 @@ def ingest_bundle(
     instead of the lake, so they can be validated before they replace the lake's; the
     reported paths are still the lake's, and the landed rows wait beside the lake
     (``increment["landed_staged"]``) for ``landed.commit_landed`` after that swap.
+    ``map_parts``: a bundle read in several parts aligns each in a task of its own, run wherever
+    ``map_parts`` runs them (``part_tasks``); the lake is the same.
     """
     started = time.perf_counter()
     settings = settings or IngestSettings()
@@ -228,7 +263,7 @@ def ingest_bundle(
         progress("items")
         ctx = shared_context(source, settings, pseudonymize, run, totals)
         progress("align")
-        align_parts(source, ctx, run, totals)
+        align_parts(source, ctx, run, totals, map_parts=map_parts)
         progress("write")
         totals.flags.append(profile_flags(totals.no_profile, pseudonymize))
         quarantine = ingest_quarantine([*source.rejects, *totals.rejects], totals.flags)
