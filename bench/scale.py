@@ -9,7 +9,8 @@ turn, in this process under Prefect's ephemeral API: ``ingest_bundle_flow`` into
 bucket, the Prefect task runs' own start and end times: the stage's work and, where the gate checks the
 buckets side by side (Ray), the gate's; the rest of a flow's wall time (ingest's pass 1 and item index,
 statistics, the gate's whole-table checks and combining, swap, catalog, manifest) is its reduce. The RSS
-of this process and of every Ray worker is sampled every 0.5 s. Writes bench/results/scale.json.
+of this process and of every Ray worker is sampled every 0.5 s, stage by stage. Writes
+bench/results/scale.json.
 
     python bench/scale.py                         # 110,100 shoppers, 8 buckets, local + ray (2 CPUs)
     python bench/scale.py --users 2000 --buckets 4
@@ -207,10 +208,16 @@ def main() -> None:
             env = {"env_vars": {"PREFECT_API_URL": api}}
             ray.init(num_cpus=args.ray_cpus, include_dashboard=False, runtime_env=env)
         settings = ScaleSettings(task_runner=runner, ray_workers=args.ray_cpus)  # type: ignore[arg-type]
-        with RssSampler() as rss, using_scale(settings):
-            measured = {stage: run_stage(stage, lake, args.buckets) for stage in stages}
-        measured["peak_rss_driver_gib"] = round(rss.driver / 2**30, 2)
-        measured["peak_rss_worker_gib"] = round(rss.worker / 2**30, 2)
+        measured: dict[str, Any] = {}
+        with using_scale(settings):
+            for stage in stages:
+                with RssSampler() as rss:
+                    measured[stage] = run_stage(stage, lake, args.buckets)
+                measured[stage]["peak_rss_driver_gib"] = round(rss.driver / 2**30, 2)
+                measured[stage]["peak_rss_worker_gib"] = round(rss.worker / 2**30, 2)
+        for process in ("driver", "worker"):
+            key = f"peak_rss_{process}_gib"
+            measured[key] = max(measured[stage][key] for stage in stages)
         out["runners"][runner] = measured
         print(runner, json.dumps(measured), flush=True)
     if "ray" in out["runners"]:
