@@ -39,6 +39,12 @@ def in_processes(jobs):
         return list(pool.map(part_tasks.align_part_job, jobs))
 
 
+def retried(jobs):
+    """Every task run twice, as a retry after a lost result would: it writes the same files again."""
+    in_order(jobs)
+    return in_order(jobs)
+
+
 def lake_bytes(lake: Path) -> dict[str, bytes]:
     return {str(p.relative_to(lake)): p.read_bytes() for t in TABLES for p in table_files(lake, t)}
 
@@ -64,8 +70,9 @@ def in_place_bundle(raw: Path) -> None:
         (lambda raw: write_bundle(cross_part_bundle(), raw), ThreePartsInMemory(), in_threads),
         (in_place_bundle, ThreeParts(), in_order),
         (in_place_bundle, ThreeParts(), in_processes),
+        (lambda raw: write_bundle(cross_part_bundle(), raw), ThreeParts(), retried),
     ],
-    ids=["spilled", "in-memory-threads", "feeds-in-place", "other-processes"],
+    ids=["spilled", "in-memory-threads", "feeds-in-place", "other-processes", "retried"],
 )
 def test_parts_as_tasks_write_the_one_process_lake(tmp_path, bundle, settings, mapper):
     raw = tmp_path / "raw"

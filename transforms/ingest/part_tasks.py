@@ -7,7 +7,8 @@ typed rows (``PartJob``: Parquet files, the spill's own where it already lies on
 run's spill folder; a task reads them (``align_part_job``), aligns and keys the part exactly as the
 one-process pass 2 does, writes its rows into the staged tables as ``part-<p>.parquet`` and lands its
 raw rows, and hands back only what the run counts (``PartOutcome``). The lake is the one-process
-run's, file for file; the tasks need the spill folder at the same path (a shared filesystem).
+run's, file for file, and a task run again (a retry) writes the same files again; the tasks need the
+spill folder at the same path (a shared filesystem).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class PartJob:
     context: str  # the folder ``save_context`` wrote
     settings: IngestSettings
     tables: dict[str, StagedTable]  # PART_TABLES, staged by the run
-    landed: LandedWriter | None  # None: the part's raw rows are not landed
+    landed: LandedWriter | None  # the run's (None: the part's raw rows are not landed)
 
 
 @dataclass
@@ -127,8 +128,8 @@ def align_part_job(job: PartJob) -> PartOutcome:
     ctx = load_context(job.context, job.settings)
     events, feeds = _read(job.events, empty_typed("events")), _read(job.feeds, empty_typed("feeds"))
     marks = _read(job.marks, no_event_marks())
-    if job.landed is not None:
-        job.landed.add_views(events, feeds, marks, view_buckets(events, ctx.users))
+    if job.landed is not None:  # files named for the part: a retried task writes the same ones again
+        job.landed.for_part(job.part).add_views(events, feeds, marks, view_buckets(events, ctx.users))
     keys = Pseudonymizer(job.settings.rekey_key, job.settings.keep_image_refs)  # the part's own ids
     part = align_part(events, feeds, ctx, keys, marks)
     rows = {}
@@ -181,7 +182,7 @@ def part_jobs(
             PartJob(
                 part, events, feeds, marks, str(context), ctx.settings,
                 {name: copy.copy(tables[name]) for name in PART_TABLES},  # counts of their own
-                None if landed is None else landed.for_part(part),
+                landed,
             )
         )  # fmt: skip
     return jobs

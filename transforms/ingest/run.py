@@ -160,7 +160,8 @@ def align_parts(
 ) -> None:
     """Pass 2: ``ALIGN_THREADS`` parts align at once; their outputs are keyed and written in part
     order while the next ones align. ``land``: the parts' raw rows are landed (``run.landed``).
-    ``map_parts``: several parts run it, one task each (``part_tasks``), wherever it runs them."""
+    ``map_parts``: a bundle read in several parts aligns each in a task of its own (``part_tasks``),
+    run wherever ``map_parts`` runs its tasks."""
     land = land and run.landed is not None
     if map_parts is not None and source.parts > 1:
         _align_in_tasks(source, ctx, run, totals, land, map_parts)
