@@ -98,7 +98,7 @@ def task_runs(flow_run_id: Any) -> list[dict[str, Any]]:
     ]
 
 
-def run_stage(stage: str, lake: Path, buckets: int) -> dict[str, Any]:
+def run_stage(stage: str, lake: Path, raw: Path, buckets: int) -> dict[str, Any]:
     from flows.chain import chain_flow
     from flows.ingest import ingest_bundle_flow
     from flows.records import records_flow
@@ -108,7 +108,6 @@ def run_stage(stage: str, lake: Path, buckets: int) -> dict[str, Any]:
     if stage == "ingest":  # into a lake of its own, every run from nothing
         ingested = lake.with_name(f"{lake.name}-ingest")
         shutil.rmtree(ingested, ignore_errors=True)
-        raw = raw_bundle(lake.parent, int(lake.name.split("-")[1]))
         settings = IngestSettings(buckets=buckets)
         state = ingest_bundle_flow(str(raw), str(ingested), settings, return_state=True)
     else:
@@ -212,7 +211,7 @@ def main() -> None:
         with using_scale(settings):
             for stage in stages:
                 with RssSampler() as rss:
-                    measured[stage] = run_stage(stage, lake, args.buckets)
+                    measured[stage] = run_stage(stage, lake, raw_bundle(args.work, args.users), args.buckets)
                 measured[stage]["peak_rss_driver_gib"] = round(rss.driver / 2**30, 2)
                 measured[stage]["peak_rss_worker_gib"] = round(rss.worker / 2**30, 2)
         for process in ("driver", "worker"):

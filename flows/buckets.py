@@ -70,6 +70,11 @@ def using_scale(settings: ScaleSettings) -> Iterator[None]:
         _chosen.reset(token)
 
 
+def side_by_side(settings: ScaleSettings) -> bool:
+    """Whether ``settings`` run more than one task at a time (Ray, or several local workers)."""
+    return not (settings.task_runner == "local" and settings.local_workers == 1)
+
+
 def scale_settings() -> ScaleSettings:
     """The ``using_scale`` block's settings, else the environment's."""
     return _chosen.get() or ScaleSettings()

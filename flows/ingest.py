@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.buckets import map_buckets, per_bucket, scale_settings
+from flows.buckets import map_buckets, per_bucket, scale_settings, side_by_side
 from flows.caching import run_stage
 from flows.retrying import IO_RETRIES
 from flows.staged_write import Staged, StageWrite, write_staged
@@ -33,8 +33,7 @@ def parts_in_tasks() -> AlignMap | None:
     """How a bundle read in several parts aligns them: one task each, as the other stages run their
     buckets, when the task runner runs more than one at a time (Ray, or several local workers); None
     (the parts in the ingest's own process) otherwise."""
-    chosen = scale_settings()
-    if chosen.task_runner == "local" and chosen.local_workers == 1:
+    if not side_by_side(scale_settings()):
         return None
     align = per_bucket("ingest-align-part", align_part_job)
 

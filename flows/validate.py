@@ -20,7 +20,7 @@ from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.buckets import map_buckets, per_bucket, scale_settings
+from flows.buckets import map_buckets, per_bucket, scale_settings, side_by_side
 from transforms.config import IngestSettings
 from transforms.lake import Staging, recorded_settings
 from validation.report import GateError, GateSummary
@@ -94,8 +94,7 @@ def spread_parts() -> PartsMap | None:
     """How the gate checks a partitioned table's buckets: side by side, as the stage's own buckets run,
     when the task runner runs more than one at a time (Ray, or several local workers); None (the
     whole table in the gate's process) otherwise."""
-    chosen = scale_settings()
-    if chosen.task_runner == "local" and chosen.local_workers == 1:
+    if not side_by_side(scale_settings()):
         return None
     from validation.gate import check_part
 

@@ -30,6 +30,7 @@ from transforms.ingest.duplicate_ids import Settled
 from transforms.ingest.item_index import ItemIndex, load_index, save_index
 from transforms.ingest.keying import key_part
 from transforms.ingest.landed import LandedWriter, view_buckets
+from transforms.ingest.parts import _write_spill
 from transforms.lake import StagedTable
 from transforms.readers import empty_typed, no_event_marks
 from transforms.rekey import Pseudonymizer
@@ -149,10 +150,10 @@ def _spilled_files(source: Raw, table: str, part: int) -> tuple[str, ...] | None
 
 
 def _written(frame: pl.DataFrame, path: Path) -> tuple[str, ...]:
+    """``frame`` written as the spill writes its files (none when it is empty)."""
     if frame.height == 0:
         return ()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.write_parquet(path, compression="uncompressed", statistics=False)
+    _write_spill([(frame, path)])
     return (str(path),)
 
 
