@@ -19,8 +19,10 @@ from synthetic.bundle import write_bundle as write_synthetic
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms import lake as lake_io
 from transforms.config import IngestSettings
-from transforms.ingest import chunks, feeds_in_place, hashes, ingest_bundle
+from transforms.ingest import chunks, feeds_in_place, hashes, ingest_bundle, item_shards
 from transforms.ingest import parts as pass_one
+from transforms.ingest.item_index import load_index
+from transforms.ingest.landed import landed_dir
 from transforms.lake import read_lake_table, table_files
 from transforms.readers import read_tables
 
@@ -267,7 +269,16 @@ def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_pat
     assert rejected["source_row"].to_list() == [24]  # the later of the two rows with id ev-0
 
 
-def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
+def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path, monkeypatch):
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 256)  # ~3,000 items: the index in 16 shards
+    built = []
+    real_build = item_shards.ShardPieces.build
+
+    def spy_build(pieces):
+        built.append(real_build(pieces))
+        return built[-1]
+
+    monkeypatch.setattr(item_shards.ShardPieces, "build", spy_build)
     raw = tmp_path / "raw"
     write_synthetic(raw, users=60, seed=3, fmt="parquet")
     first = sorted((raw / "events").glob("*.parquet"))[0]
@@ -282,7 +293,11 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path):
         memory_rows: int = 0
 
     single, parted = _ingest_both(raw, tmp_path, ManyParts())
+    assert [shards.bits for shards in built] == [4]  # the one-part run keeps its index whole
     _same_lakes(tmp_path / "one", tmp_path / "many")
+    # the landed index (the next day's lookups) streamed from the shards is the whole index
+    one, many = (load_index(landed_dir(tmp_path / name)) for name in ("one", "many"))
+    assert many.frame.equals(one.frame) and many.keys.equals(one.keys)
     assert parted.counts == single.counts
     assert parted.quarantine_by_reason == single.quarantine_by_reason
     assert (

@@ -16,15 +16,18 @@ Two passes, so memory is bounded by a part, not by the bundle:
    once (their text is too large to keep or spill), after a read of their id column alone for
    the duplicate check. Profiles and history stay in memory.
 2. *align*: items are checked and written chunk by chunk, leaving a compact item index (ids
-   sorted by hash, pseudonyms, what the checks need: ``item_index``); then, part by part, the
+   sorted by hash, pseudonyms, what the checks need: ``item_index``). A bundle read in several
+   parts keeps that index on disk, in shards by hash (``item_shards``), and each part takes from
+   it only the items its rows name, so no process holds the whole catalog's. Then, part by part, the
    checks and the step alignment of ``transforms.align`` run on the part's page views
    (``alignment``, pure), and its rows are pseudonymized (``keying``) and added to the staged
    tables as ``part-<p>.parquet`` files (``run``). Given a map over parts (the flows' Ray or local
    workers), each part is a task of its own instead, reading the shared context and its rows from
    files under the spill (``part_tasks``); the lake is the same, file for file.
 
-Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (2,000,000: three
-parts at UserArena scale, kept in memory; one for small bundles).
+Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (1,000,000: a few parts
+at UserArena scale, kept in memory; one for small bundles). Two parts align at once, so the part
+size is most of what pass 2 holds beyond the shared context.
 
 Whatever a check compares lies within one page view, hence within one part, except ids:
 duplicate event and item ids are found from a hash of the id kept for every row, and the

@@ -3,13 +3,14 @@ ids stay raw (``keying.key_part`` keys them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from transforms import align
 from transforms.config import IngestSettings
+from transforms.ingest.item_shards import ItemShards
 from transforms.rekey import Pseudonymizer
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 
 HISTORY_KINDS = ("click", "buy")
+EVENT_ITEM_COLUMNS = ("item_id", "visible_items")  # what an event names of the catalog
 
 
 @dataclass
@@ -25,7 +27,7 @@ class Context:
     """Run-wide inputs of every part."""
 
     settings: IngestSettings
-    item_index: ItemIndex
+    item_index: ItemIndex | ItemShards  # shards: a part takes its own items (``for_part``)
     profiles: pl.DataFrame  # align.profile_context
     users: pl.DataFrame  # user_id (raw) -> _user (pseudonym), split, bucket
     max_ts: pl.Expr
@@ -45,6 +47,15 @@ class Part:
     no_profile: pl.DataFrame  # first step of each user without a profile
     feed_duplicates: int
     dropped_events: int  # align.drop_declared
+
+
+def for_part(ctx: Context, events: pl.DataFrame, feeds: pl.DataFrame) -> Context:
+    """``ctx`` for one part's rows: where the item index lies in shards, with the index of the items
+    those rows name (every item id a part looks up is in its events or feeds)."""
+    if not isinstance(ctx.item_index, ItemShards):
+        return ctx
+    named = [feeds["item_id"], *(events[c] for c in EVENT_ITEM_COLUMNS if c in events.columns)]
+    return replace(ctx, item_index=ctx.item_index.index_for(*named))
 
 
 def _sessionless_feeds(

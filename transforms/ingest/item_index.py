@@ -19,6 +19,7 @@ from transforms.readers import empty_typed
 from transforms.rekey import Pseudonymizer
 
 if TYPE_CHECKING:
+    from transforms.ingest.item_shards import ItemShards, ShardPieces
     from transforms.ingest.parts import Raw
     from transforms.ingest.run import StagedRun
 
@@ -97,18 +98,27 @@ def save_index(index: ItemIndex, folder: Path, zstd_level: int | None = None) ->
 
 def load_index(folder: Path) -> ItemIndex:
     """The index ``save_index`` wrote to ``folder``."""
-    frame = pl.read_parquet(folder / INDEX_FILE)
-    index = ItemIndex(frame.drop("_key"), int((folder / SEED_FILE).read_text()), frame["_h"])
+    return indexed(pl.read_parquet(folder / INDEX_FILE), int((folder / SEED_FILE).read_text()))
+
+
+def indexed(frame: pl.DataFrame, seed: int) -> ItemIndex:
+    """An index from its rows as ``save_index`` writes them (sorted by ``_h``, pseudonyms as ``_key``)."""
+    index = ItemIndex(frame.drop("_key"), seed, frame["_h"])
     index.keys = frame["_key"].rename("_key")
     return index
 
 
 def items_pass(
-    raw: Raw, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun
-) -> tuple[ItemIndex, list[pl.DataFrame], int]:
+    raw: Raw,
+    settings: IngestSettings,
+    pseudonymize: Pseudonymizer,
+    run: StagedRun,
+    shards: ShardPieces | None = None,
+) -> tuple[ItemIndex | ItemShards, list[pl.DataFrame], int]:
     """Settle duplicate item ids, then check, key and write the items chunk by chunk.
 
-    Returns the item index, the quarantine rows and the merged duplicates."""
+    Returns the item index (``shards``: its rows handed over chunk by chunk, and the shards they
+    make), the quarantine rows and the merged duplicates."""
     settled = settle(
         raw.item_id_hashes(),
         lambda: raw.item_frames(release=False),
@@ -125,8 +135,13 @@ def items_pass(
         # keyed here (unless pass 1 did), written in the writer thread while the next chunk is keyed
         items = items if "_keyed_item_id" in items.columns else keyed_items(items, settings)
         run.write("items", _with_pseudonyms(items, settings, chunk_keys), n)
+        if shards is not None:
+            shards.add(_index_rows(items, named).with_columns(items["_keyed_item_id"].alias("_key")))
+            continue
         keys.append(items["_keyed_item_id"])
         pieces.append(_index_rows(items, named))
+    if shards is not None:
+        return shards.build(), rejects, settled.duplicates
     index = ItemIndex.build(pl.concat([_index_rows(empty_typed("items"), named), *pieces]))
     index.attach(keys)
     return index, rejects, settled.duplicates

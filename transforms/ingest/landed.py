@@ -34,6 +34,7 @@ from transforms.config import IngestSettings
 from transforms.files import link_tree, swap_into_place
 from transforms.fingerprints import code_version, fingerprint
 from transforms.ingest.item_index import INDEX_FILE, ItemIndex, load_index, save_index
+from transforms.ingest.item_shards import ItemShards
 from transforms.readers import empty_typed, no_event_marks, raw_table_files
 from transforms.schemas import RAW_TABLES
 
@@ -109,8 +110,11 @@ class LandedWriter:
     def add_whole(self, name: str, frame: pl.DataFrame) -> None:
         self._write(self.root / name, frame)
 
-    def save_index(self, index: ItemIndex) -> None:
-        save_index(index, self.root, self.zstd_level)
+    def save_index(self, index: ItemIndex | ItemShards) -> None:
+        if isinstance(index, ItemShards):
+            index.save_as_index(self.root, self.zstd_level)
+        else:
+            save_index(index, self.root, self.zstd_level)
 
     def link_from(self, lake: str | Path) -> None:
         """The lake's landed files (its item index aside) hard-linked into this writer's folder: the

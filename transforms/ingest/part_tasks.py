@@ -1,14 +1,14 @@
 """Pass 2 as one task per part, for a task runner that runs parts side by side in other processes
 (the flows' Ray or local workers, ``AlignMap``).
 
-The run's process writes what every part shares (``save_context``: the item index, the users'
-pseudonyms, the profiles, the settled duplicate events, the sessions a reader cut) and each part's
-typed rows (``PartJob``: Parquet files, the spill's own where it already lies on disk) under the
-run's spill folder; a task reads them (``align_part_job``), aligns and keys the part exactly as the
-one-process pass 2 does, writes its rows into the staged tables as ``part-<p>.parquet`` and lands its
-raw rows, and hands back only what the run counts (``PartOutcome``). The lake is the one-process
-run's, file for file, and a task run again (a retry) writes the same files again; the tasks need the
-spill folder at the same path (a shared filesystem).
+The run's process writes what every part shares (``save_context``: the item index, or where its
+shards lie, the users' pseudonyms, the profiles, the settled duplicate events, the sessions a reader
+cut) and each part's typed rows (``PartJob``: Parquet files, the spill's own where it already lies
+on disk) under the run's spill folder; a task reads them (``align_part_job``), aligns and keys the
+part exactly as the one-process pass 2 does, writes its rows into the staged tables as
+``part-<p>.parquet`` and lands its raw rows, and hands back only what the run counts
+(``PartOutcome``). The lake is the one-process run's, file for file, and a task run again (a retry)
+writes the same files again; the tasks need the spill folder at the same path (a shared filesystem).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from transforms.config import IngestSettings
-from transforms.ingest.alignment import Context, align_part
+from transforms.ingest.alignment import Context, align_part, for_part
 from transforms.ingest.duplicate_ids import Settled
 from transforms.ingest.item_index import ItemIndex, load_index, save_index
+from transforms.ingest.item_shards import ItemShards
 from transforms.ingest.keying import key_part
 from transforms.ingest.landed import LandedWriter, view_buckets
 from transforms.ingest.parts import _write_spill
@@ -74,8 +75,12 @@ AlignMap = Callable[[list[PartJob]], list[PartOutcome]]
 
 
 def save_context(ctx: Context, folder: Path) -> None:
-    """Everything ``Context`` holds but the settings (which travel with each job), as files."""
-    save_index(ctx.item_index, folder)
+    """Everything ``Context`` holds but the settings (which travel with each job), as files; an item
+    index in shards stays where it lies (under the run's spill), named in ``context.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = ctx.item_index if isinstance(ctx.item_index, ItemShards) else None
+    if shards is None:
+        save_index(ctx.item_index, folder)
     frames = {
         "profiles": ctx.profiles,
         "users": ctx.users,
@@ -85,23 +90,26 @@ def save_context(ctx: Context, folder: Path) -> None:
     for name, frame in frames.items():
         frame.write_parquet(folder / f"{name}.parquet", compression="uncompressed")
     max_ts = pl.select(ctx.max_ts).item()
-    (folder / "context.json").write_text(json.dumps({"max_ts": max_ts.isoformat()}) + "\n")
+    meta = {"max_ts": max_ts.isoformat(), "item_shards": None if shards is None else str(shards.folder)}
+    (folder / "context.json").write_text(json.dumps(meta) + "\n")
 
 
-_loaded: dict[str, tuple[ItemIndex, dict[str, pl.DataFrame], datetime]] = {}
+_loaded: dict[str, tuple[ItemIndex | ItemShards, dict[str, pl.DataFrame], datetime]] = {}
 _loading = threading.Lock()
 
 
 def load_context(folder: str, settings: IngestSettings) -> Context:
     """The context ``save_context`` wrote. A process keeps the last one it read: the parts of a run it
-    aligns share it (the item index is most of it), and the next run's replaces it."""
+    aligns share it, and the next run's replaces it."""
     with _loading:
         if folder not in _loaded:
             _loaded.clear()
             root = Path(folder)
             frames = {name: pl.read_parquet(root / f"{name}.parquet") for name in CONTEXT_FRAMES}
-            max_ts = datetime.fromisoformat(json.loads((root / "context.json").read_text())["max_ts"])
-            _loaded[folder] = (load_index(root), frames, max_ts)
+            meta = json.loads((root / "context.json").read_text())
+            shards = meta.get("item_shards")
+            index = load_index(root) if shards is None else ItemShards.open(shards)
+            _loaded[folder] = (index, frames, datetime.fromisoformat(meta["max_ts"]))
         index, frames, max_ts = _loaded[folder]
     return Context(
         settings=settings,
@@ -126,8 +134,8 @@ def _read(files: tuple[str, ...], empty: pl.DataFrame) -> pl.DataFrame:
 
 def align_part_job(job: PartJob) -> PartOutcome:
     """One part aligned, keyed and written, its raw rows landed: the map step of a spread pass 2."""
-    ctx = load_context(job.context, job.settings)
     events, feeds = _read(job.events, empty_typed("events")), _read(job.feeds, empty_typed("feeds"))
+    ctx = for_part(load_context(job.context, job.settings), events, feeds)
     marks = _read(job.marks, no_event_marks())
     if job.landed is not None:  # files named for the part: a retried task writes the same ones again
         job.landed.for_part(job.part).add_views(events, feeds, marks, view_buckets(events, ctx.users))

@@ -196,16 +196,16 @@ class Raw:
 
     def item_id_hashes(self) -> list[pl.Series]:
         """``id_hash`` of the item ids: of every accepted row, or (items left to pass 2) of every
-        row, which only adds suspects that ``settle`` clears."""
+        row, which only adds suspects that ``settle`` clears). Handed over: ``Raw`` keeps no copy."""
         if self.deferred_items is None:
-            return self.id_hashes["items"]
+            return self.id_hashes.pop("items", [])
         return _item_id_column_hashes(self.deferred_items.root) or [
             frame.select(id_hash("item_id")).to_series() for frame in self.item_frames()
         ]
 
-    def table(self, name: str) -> pl.DataFrame:
-        """A small table, whole."""
-        return stack_frames(self.small.get(name, []), name)
+    def take(self, name: str) -> pl.DataFrame:
+        """A small table, whole, handed over: ``Raw`` keeps no copy (history grows with the bundle)."""
+        return stack_frames(self.small.pop(name, []), name)
 
 
 def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun) -> Raw:

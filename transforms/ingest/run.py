@@ -25,9 +25,10 @@ from transforms.ingest.accounting import (
     ingest_result,
     profile_flags,
 )
-from transforms.ingest.alignment import Context, Part, align_part, checked_history
+from transforms.ingest.alignment import Context, Part, align_part, checked_history, for_part
 from transforms.ingest.duplicate_ids import settle
 from transforms.ingest.item_index import ItemIndex, items_pass
+from transforms.ingest.item_shards import ShardPieces
 from transforms.ingest.keying import history_rows, key_part, profile_rows, user_assignment
 from transforms.ingest.landed import LandedWriter, bundle_files, commit_landed, landed_dir, view_buckets
 from transforms.ingest.new_files import NewFiles, ingest_new_files, plan_new_files
@@ -116,26 +117,31 @@ def shared_context(
     item_index: ItemIndex | None = None,
 ) -> Context:
     """Everything the parts share: users' pseudonyms and splits (profiles and history written),
-    the item index (items written; ``item_index``: an earlier run's, the items left as they are),
-    duplicate event ids settled. Small writes are queued first, so the writer thread's longer jobs
-    (writing the items) never hold this thread up."""
-    profiles = align.check_profiles(source.table("profiles"), pseudonymize)
-    history = checked_history(source.table("history"), pseudonymize)
+    the item index (items written; ``item_index``: an earlier run's, the items left as they are;
+    in shards on disk where the bundle is read in several parts), duplicate event ids settled.
+    Small writes are queued first, so the writer thread's longer jobs (writing the items) never
+    hold this thread up."""
+    read = {name: source.take(name) for name in ("profiles", "history")}  # released once written
+    profiles = align.check_profiles(read["profiles"], pseudonymize)
+    history = checked_history(read["history"], pseudonymize)
     users = user_assignment(
         pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings
     )
     run.write("profiles", profile_rows(profiles.rows, users, pseudonymize))
     run.write("history", history_rows(history.rows, pseudonymize, settings))
     if run.landed is not None and item_index is None:  # a full run lands them; a new day adds its own
-        for name in ("profiles", "history"):
-            run.writer.submit(run.landed.add_whole, name, source.table(name))
+        for name, frame in read.items():
+            run.writer.submit(run.landed.add_whole, name, frame)
     rejects: list[pl.DataFrame] = []
     if item_index is None:
-        item_index, rejects, totals.duplicates["items"] = items_pass(source, settings, pseudonymize, run)
+        shards = ShardPieces(run.spill / "item_shards") if source.parts > 1 else None
+        item_index, rejects, totals.duplicates["items"] = items_pass(
+            source, settings, pseudonymize, run, shards
+        )
         if run.landed is not None:
             run.writer.submit(run.landed.save_index, item_index)
     events = settle(
-        source.id_hashes["events"],
+        source.id_hashes.pop("events", []),
         lambda: [
             align.map_actions(source.spill.read("events", p, release=False), settings.action_map)
             for p in range(source.parts)
@@ -167,21 +173,22 @@ def align_parts(
         _align_in_tasks(source, ctx, run, totals, land, map_parts)
         return
 
-    def aligned(p: int) -> tuple[Part, Pseudonymizer]:
+    def aligned(p: int) -> tuple[Part, Context, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
         events, feeds, marks = source.spill.read("events", p), source.feeds(p), source.marks(p)
         if land:
             run.writer.submit(run.landed.add_views, events, feeds, marks, view_buckets(events, ctx.users))
-        return align_part(events, feeds, ctx, keys, marks), keys
+        part_ctx = for_part(ctx, events, feeds)
+        return align_part(events, feeds, part_ctx, keys, marks), part_ctx, keys
 
     with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
         running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
         for p in range(source.parts):
-            part, keys = running.popleft().result()
+            part, part_ctx, keys = running.popleft().result()
             if p + ALIGN_THREADS < source.parts:
                 running.append(pool.submit(aligned, p + ALIGN_THREADS))
             _gather(totals, part)
-            run.writer.submit(write_keyed_part, part, ctx, keys, run, p)
+            run.writer.submit(write_keyed_part, part, part_ctx, keys, run, p)
 
 
 def _gather(totals: Totals, part: Part | PartOutcome) -> None:

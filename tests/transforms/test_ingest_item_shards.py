@@ -1,0 +1,112 @@
+"""The item index in shards: built from chunks of index rows, each part's index taken from it gives
+what the whole index gives for that part's ids, and a shared sort hash moves it to the next seed."""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+
+from transforms.ingest import item_shards
+from transforms.ingest.hashes import ID_SEED
+from transforms.ingest.item_index import ItemIndex, load_index, save_index
+from transforms.ingest.item_shards import ItemShards, ShardPieces
+
+
+def catalog(n: int, seed: int = 5) -> pl.DataFrame:
+    """Index rows as the items pass makes them: ``item_context`` columns, then the pseudonym."""
+    rng = random.Random(seed)
+    return pl.DataFrame(
+        {
+            "item_id": [f"itm-{rng.getrandbits(40):x}-{k}" for k in range(n)],
+            "title": [f"title {k}" if k % 3 else None for k in range(n)],
+            "top_category": [f"cat-{k % 7}" for k in range(n)],
+            "review_count": pl.Series([k % 11 for k in range(n)], dtype=pl.UInt32),
+            "_key": [f"item_{k:08x}" for k in range(n)],
+        }
+    )
+
+
+def whole_index(rows: pl.DataFrame) -> ItemIndex:
+    index = ItemIndex.build(rows.drop("_key"))
+    index.attach([rows["_key"]])
+    return index
+
+
+def sharded(rows: pl.DataFrame, folder, chunk: int) -> ItemShards:
+    pieces = ShardPieces(folder)
+    for start in range(0, rows.height, chunk):
+        pieces.add(rows.slice(start, chunk))
+    return pieces.build()
+
+
+def test_shards_in_order_are_the_whole_index(tmp_path, monkeypatch):
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 64)
+    rows = catalog(500)
+    shards = sharded(rows, tmp_path / "shards", chunk=120)
+    assert shards.bits == 3 and shards.seed == ID_SEED  # 500 / 64 items -> 8 shards
+    assert sorted(p.name for p in (tmp_path / "shards").glob("shard-*")) == [
+        f"shard-{s:05d}.arrow" for s in range(8)
+    ]
+    assert not (tmp_path / "shards" / "pieces").exists()
+    whole = whole_index(rows)
+    stacked = pl.concat([shards.shard(s) for s in range(8)])
+    assert stacked.drop("_key").equals(whole.frame)
+    assert stacked["_key"].equals(whole.keys)
+    # the landed copy, streamed shard by shard, loads as the whole index's own file does
+    shards.save_as_index(tmp_path / "landed", zstd_level=1)
+    save_index(whole, tmp_path / "direct")
+    from_shards, direct = load_index(tmp_path / "landed"), load_index(tmp_path / "direct")
+    assert from_shards.frame.equals(direct.frame) and from_shards.keys.equals(direct.keys)
+    assert from_shards.seed == direct.seed == ID_SEED
+
+
+def test_a_parts_index_gives_the_whole_index_answers_for_its_ids(tmp_path, monkeypatch):
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 64)
+    rows = catalog(500)
+    shards, whole = sharded(rows, tmp_path / "shards", chunk=200), whole_index(rows)
+    ids = rows["item_id"].to_list()
+    feeds = pl.Series("item_id", [ids[k] for k in range(0, 500, 7)] + ["not-in-catalog", None])
+    clicks = pl.Series("item_id", [ids[3], None, ids[3], ids[498]])
+    visible = pl.Series("visible_items", [[ids[10], "logged-only"], None, []])
+    part = shards.index_for(feeds, clicks, visible)
+    named = {*feeds.drop_nulls(), *clicks.drop_nulls(), ids[10]} & set(ids)
+    assert part.frame.height == len(named) and set(part.frame["item_id"]) == named
+    assert part.frame["_h"].is_sorted()
+    for probe in (feeds, clicks, pl.Series("item_id", [ids[10], "logged-only"])):
+        mine, theirs = part.rows_of(probe), whole.rows_of(probe)
+        assert mine.is_null().equals(theirs.is_null())
+        assert part.context.gather(mine).equals(whole.context.gather(theirs))
+        assert part.keys.gather(mine).equals(whole.keys.gather(theirs))
+    assert part.rows_of(pl.Series("item_id", [ids[11]])).to_list() == [None]  # not the part's
+
+
+def test_a_part_naming_no_catalog_item_gets_an_empty_index(tmp_path):
+    shards = sharded(catalog(30), tmp_path / "shards", chunk=10)
+    part = shards.index_for(pl.Series("item_id", ["nope", None], dtype=pl.String))
+    assert part.frame.height == 0 and part.rows_of(pl.Series(["nope"])).to_list() == [None]
+    assert part.frame.columns == load_shard_columns(shards)
+
+
+def load_shard_columns(shards: ItemShards) -> list[str]:
+    return [c for c in shards.shard(0).columns if c != "_key"]
+
+
+def test_a_shared_sort_hash_moves_every_shard_to_the_next_seed(tmp_path, monkeypatch):
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 16)
+    rows = catalog(100)
+    pieces = ShardPieces(tmp_path / "shards")
+    pieces.add(rows.slice(0, 50))
+    pieces.add(rows.slice(50))
+    # plant a collision: two ids of the second piece given one sort hash, as a 64-bit clash would
+    path = tmp_path / "shards" / "pieces" / "000001.arrow"
+    piece = pl.read_ipc(path)
+    clash = piece["_h"].scatter(1, piece["_h"][0])
+    piece.with_columns(clash).write_ipc(path)
+    shards = pieces.build()
+    assert shards.seed == ID_SEED + 1
+    stacked = pl.concat([shards.shard(s) for s in range(2**shards.bits)])
+    assert stacked.height == 100 and stacked["_h"].n_unique() == 100
+    assert stacked["_h"].equals(stacked["item_id"].hash(ID_SEED + 1).sort().alias("_h"))
+    part = shards.index_for(rows["item_id"].slice(40, 20))
+    assert part.seed == ID_SEED + 1 and part.rows_of(rows["item_id"].slice(40, 20)).null_count() == 0
