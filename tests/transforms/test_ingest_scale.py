@@ -21,6 +21,7 @@ from transforms import lake as lake_io
 from transforms.config import IngestSettings
 from transforms.ingest import chunks, feeds_in_place, hashes, ingest_bundle, item_shards
 from transforms.ingest import parts as pass_one
+from transforms.ingest import run as run_module
 from transforms.ingest.item_index import load_index
 from transforms.ingest.landed import landed_dir
 from transforms.lake import read_lake_table, table_files
@@ -352,3 +353,24 @@ def test_big_parquet_files_are_read_in_row_group_chunks(tmp_path):
     assert [c.frame.height for c in chunks] == [6, 4]  # 3+3, then 3+1
     assert pl.concat([c.frame for c in chunks])["_row"].to_list() == list(range(10))
     assert sum(c.rows_in for c in chunks) == 10
+
+
+def test_history_written_in_slices_gives_the_whole_history(tmp_path, monkeypatch):
+    bundle = tiny_bundle()
+    first = bundle["history"][0]
+    bundle["history"] = [
+        *(dict(first, user_id=f"usr-{n % 3}", title=f"thing {n}") for n in range(7)),
+        dict(first, kind="view"),  # unknown kind: quarantined from the last slice
+    ]
+    write_bundle(bundle, tmp_path / "raw")
+    whole = ingest_bundle(tmp_path / "raw", tmp_path / "one")
+    monkeypatch.setattr(run_module, "HISTORY_ROWS", 3)  # 8 rows -> slices of 3, 3 and 2
+    sliced = ingest_bundle(tmp_path / "raw", tmp_path / "many")
+    assert len(table_files(tmp_path / "many", "history")) > len(table_files(tmp_path / "one", "history"))
+    _same_lakes(tmp_path / "one", tmp_path / "many")
+    assert sliced.counts["history"] == whole.counts["history"] and sliced.counts["history"].balanced
+    assert sliced.output_rows["history"] == 7 and sliced.quarantine_by_reason["unknown_history_kind"] == 1
+    landed = [
+        pl.read_parquet(p).height for p in (landed_dir(tmp_path / "many") / "history").glob("*.parquet")
+    ]
+    assert sorted(landed) == [2, 3, 3]  # the raw rows, landed a slice at a time

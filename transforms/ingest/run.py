@@ -41,6 +41,7 @@ from transforms.rekey import Pseudonymizer
 from transforms.userarena import read_userarena
 
 ALIGN_THREADS = 2  # parts aligned at once
+HISTORY_ROWS = 1 << 20  # history rows checked, keyed and written at a time
 
 
 WRITE_ORDER = ("steps", "feed_layouts", "items", "profiles", "history", "sessions")
@@ -121,17 +122,16 @@ def shared_context(
     in shards on disk where the bundle is read in several parts), duplicate event ids settled.
     Small writes are queued first, so the writer thread's longer jobs (writing the items) never
     hold this thread up."""
-    read = {name: source.take(name) for name in ("profiles", "history")}  # released once written
-    profiles = align.check_profiles(read["profiles"], pseudonymize)
-    history = checked_history(read["history"], pseudonymize)
+    land = run.landed is not None and item_index is None  # a full run lands them; a new day its own
+    raw_profiles = source.take("profiles")
+    profiles = align.check_profiles(raw_profiles, pseudonymize)
     users = user_assignment(
         pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings
     )
     run.write("profiles", profile_rows(profiles.rows, users, pseudonymize))
-    run.write("history", history_rows(history.rows, pseudonymize, settings))
-    if run.landed is not None and item_index is None:  # a full run lands them; a new day adds its own
-        for name, frame in read.items():
-            run.writer.submit(run.landed.add_whole, name, frame)
+    if land:
+        run.writer.submit(run.landed.add_whole, "profiles", raw_profiles)
+    history_rejects = write_history(source.take("history"), pseudonymize, settings, run, land)
     rejects: list[pl.DataFrame] = []
     if item_index is None:
         shards = ShardPieces(run.spill / "item_shards") if source.parts > 1 else None
@@ -149,11 +149,27 @@ def shared_context(
         "event_id",
         lambda rows: align.dedupe_events(rows, pseudonymize),
     )
-    totals.rejects += [*rejects, *profiles.rejects, *history.rejects, *events.rejects]
+    totals.rejects += [*rejects, *profiles.rejects, *history_rejects, *events.rejects]
     totals.duplicates["profiles"], totals.duplicates["events"] = profiles.duplicates, events.duplicates
     max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
     profile_context = align.profile_context(profiles.rows)
     return Context(settings, item_index, profile_context, users, max_ts, events, source.cuts)
+
+
+def write_history(
+    history: pl.DataFrame, pseudonymize: Pseudonymizer, settings: IngestSettings, run: StagedRun, land: bool
+) -> list[pl.DataFrame]:
+    """History checked, keyed and written (and, ``land``, landed) ``HISTORY_ROWS`` rows at a time, so
+    its copies stay a slice's size (history grows with the shoppers); returns its rejects."""
+    rejects = []
+    for part, start in enumerate(range(0, max(history.height, 1), HISTORY_ROWS)):
+        rows = history.slice(start, HISTORY_ROWS)
+        checked = checked_history(rows, pseudonymize)
+        rejects += checked.rejects
+        run.write("history", history_rows(checked.rows, pseudonymize, settings), part)
+        if land:
+            run.writer.submit(run.landed.add_whole, "history", rows)
+    return rejects
 
 
 def align_parts(
