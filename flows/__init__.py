@@ -14,10 +14,10 @@ _DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "HF_HUB_OFFLINE": "1",
-    # jemalloc keeps freed pages 5 s (Polars' own default: 0.5-1 s): the stages free and reuse
-    # gigabytes within seconds, and faulting pages back in cost ~10 % of an ingest's time
-    # (bench/RESULTS.md), for ~10-25 % more peak memory
-    "_RJEM_MALLOC_CONF": "dirty_decay_ms:5000,muzzy_decay_ms:5000",
+    # jemalloc returns freed pages after 1 s: keeping them longer saves the stages a few percent of
+    # their time (pages faulted back in) for a larger peak, and the peak is what bounds a run's
+    # size on one machine (bench/RESULTS.md); a value set in the environment wins
+    "_RJEM_MALLOC_CONF": "dirty_decay_ms:1000,muzzy_decay_ms:1000",
 }
 for _name, _value in _DEFAULTS.items():
     os.environ.setdefault(_name, _value)

@@ -32,7 +32,7 @@ def _env_without_allocator() -> dict[str, str]:
 
 
 def test_flows_sets_the_allocators_decay_before_polars_loads() -> None:
-    assert _decay_ms(_env_without_allocator()) == {"dirty": 5000, "muzzy": 5000}
+    assert _decay_ms(_env_without_allocator()) == {"dirty": 1000, "muzzy": 1000}
 
 
 def test_a_users_allocator_setting_wins() -> None:

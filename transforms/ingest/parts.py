@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from transforms.ingest.run import StagedRun
 
 SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big files
+# items left to pass 2 are read in smaller chunks than the rest: an item row (title, reviews, text)
+# is several times an event's, and a few chunks are in flight at once (read ahead, keyed, written)
+ITEM_CHUNK_SHARE = 2
 
 
 @dataclass
@@ -220,7 +223,7 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
     in_place = FeedsInPlace.plan(feeds, parts) if on_disk else None
     if in_place is not None:
         on_disk.discard("feeds")
-    items = TableReader(root, ("items",), unit, pseudonymize, chunk)
+    items = TableReader(root, ("items",), unit, pseudonymize, max(1, chunk // ITEM_CHUNK_SHARE))
     return Raw(
         Spill(run.spill, on_disk, run.writer, _preparations(settings)),
         parts,
