@@ -39,9 +39,11 @@ def key_block(key: bytes) -> bytes:
 def keyed_hex(values: pl.Series, key: bytes, kind: str) -> pl.Series:
     """First 16 hex digits of SHA-256(key block || kind \\x1f raw) per value, in order (nulls stay)."""
     prefix = key_block(key) + f"{kind}\x1f".encode()
-    # as bytes: a long key's block is a digest, not text
-    message = pl.lit(prefix, dtype=pl.Binary) + pl.lit(values).cast(pl.Binary)
-    return pl.select(message.chash.sha2_256().str.head(16)).to_series().alias(values.name)
+    # as bytes: a long key's block is a digest, not text. The values go in as a frame's column: a
+    # literal Series run through ``pl.select`` keeps its memory after the call (Polars 2.1)
+    message = pl.lit(prefix, dtype=pl.Binary) + pl.col("_raw").cast(pl.Binary)
+    hexes = values.rename("_raw").to_frame().select(message.chash.sha2_256().str.head(16))
+    return hexes.to_series().alias(values.name)
 
 
 #: raw id column -> id kind (lists are re-keyed element-wise)
@@ -137,10 +139,11 @@ def split_of(user_keys: pl.Series, seed: int, ratios: tuple[float, float, float]
         / 2**64
         for k in user_keys.to_list()
     ]
-    u = pl.Series(uniform, dtype=pl.Float64)
+    u = pl.col("u")
     train, val = ratios[0], ratios[0] + ratios[1]
     return (
-        pl.select(
+        pl.DataFrame({"u": uniform}, schema={"u": pl.Float64})
+        .select(
             pl.when(u < train)
             .then(pl.lit("train"))
             .when(u < val)
