@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hostinfo import describe  # bench/ is the script's folder
+from hostinfo import describe, peak_rss_kib  # bench/ is the script's folder
 
 HEADING = "## chain + records"
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -61,17 +61,6 @@ def run_phase(phase: str, lake: str) -> dict:
     out["wall_s"] = round(time.perf_counter() - started, 2)
     out["peak_rss_gib"] = round(peak_rss_kib() / 2**20, 2)
     return out
-
-
-def peak_rss_kib() -> int:
-    """This process's peak RSS: VmHWM (ru_maxrss would include the parent's, kept across exec on Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 # --- parent: lake, phases, report ------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""The machine a benchmark ran on, as one line for bench/RESULTS.md."""
+"""The machine a benchmark ran on, as one line for bench/RESULTS.md, and a process's own peak RSS."""
 
 from __future__ import annotations
 
 import os
 import platform
+import resource
 from pathlib import Path
 
 
@@ -20,3 +21,14 @@ def cpu_model() -> str:
 def describe() -> str:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{os.cpu_count()} cores ({cpu_model()}), {ram:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+def peak_rss_kib() -> int:
+    """This process's peak RSS: VmHWM (ru_maxrss would include the parent's, kept across exec on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
+from hostinfo import peak_rss_kib  # noqa: E402
 
 import flows  # noqa: E402,F401 - every variant runs in the environment the CLI sets (allocator included)
 
@@ -233,7 +234,7 @@ def child(variant: str, raw: Path, out: Path, target_bytes: int) -> None:
     started = time.perf_counter()
     rows = VARIANTS[variant](raw, out, target_bytes)
     wall, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_before
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_kib() / 1024
     result = {"variant": variant, "wall_s": wall, "rows": rows, "peak_rss_mib": peak}
     print(json.dumps(result | {"cpu_s": cpu, "load": load, "phases": _phase_times()}))
 
