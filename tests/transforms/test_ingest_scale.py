@@ -19,7 +19,7 @@ from synthetic.bundle import write_bundle as write_synthetic
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms import lake as lake_io
 from transforms.config import IngestSettings
-from transforms.ingest import chunks, feeds_in_place, hashes, ingest_bundle, item_shards
+from transforms.ingest import chunks, duplicate_ids, feeds_in_place, hashes, ingest_bundle, item_shards
 from transforms.ingest import parts as pass_one
 from transforms.ingest import run as run_module
 from transforms.ingest.item_index import load_index
@@ -119,8 +119,16 @@ def spilled(monkeypatch) -> list[Path]:
 
 
 @pytest.mark.parametrize("settings", [ThreeParts(), ThreePartsInMemory()], ids=["on-disk", "in-memory"])
-def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings):
+def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings, monkeypatch):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
+    hash_files: list[Path] = []
+    real_by_range = duplicate_ids.IdHashes.by_range
+
+    def spy_by_range(kept):
+        yield from real_by_range(kept)
+        hash_files.extend(kept.folder.rglob("*.arrow") if kept.folder else [])
+
+    monkeypatch.setattr(duplicate_ids.IdHashes, "by_range", spy_by_range)
     single, parted = _ingest_both(tmp_path / "raw", tmp_path, settings)
     # several part files per bucket prove the parts ran (a one-part run writes part-0 only)
     written = {p.name for p in table_files(tmp_path / "many", "feed_layouts")}
@@ -128,7 +136,11 @@ def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings):
     spilled_parts = {path.parent.name for path in spilled}
     assert spilled_parts == ({"part=0", "part=1", "part=2"} if settings.memory_rows == 0 else set())
     # view c's stray card comes after view d's cards: the feeds are not grouped by view, so spilled
-    assert {path.parent.parent.name for path in spilled} == ({"events", "feeds"} if spilled else set())
+    # history too: it grows with the shoppers; and the event ids' hashes went to disk beside them
+    assert {path.parent.parent.name for path in spilled} == (
+        {"events", "feeds", "history"} if spilled else set()
+    )
+    assert bool(hash_files) == bool(spilled)
     _same_lakes(tmp_path / "one", tmp_path / "many")
     assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
     assert parted.quarantine_by_reason == single.quarantine_by_reason
@@ -175,7 +187,7 @@ def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, sp
     # read in chunks of rows 0-20, 21-23 (file 0) and 24-35 (file 1): view c (rows 18-26) spans all three
     split_feeds(raw, rows_per_file=24, row_group=7)
     single, parted = _ingest_both(raw, tmp_path, ThreeParts())
-    assert {path.parent.parent.name for path in spilled} == {"events"}  # no feed row spilled
+    assert {path.parent.parent.name for path in spilled} == {"events", "history"}  # no feed row spilled
     assert len({p.name for p in table_files(tmp_path / "many", "feed_layouts")}) > 1  # parts ran
     _same_lakes(tmp_path / "one", tmp_path / "many")
     assert parted.counts == single.counts and all(c.balanced for c in parted.counts.values())
@@ -355,14 +367,20 @@ def test_big_parquet_files_are_read_in_row_group_chunks(tmp_path):
     assert sum(c.rows_in for c in chunks) == 10
 
 
-def test_history_written_in_slices_gives_the_whole_history(tmp_path, monkeypatch):
+def bundle_with_history(raw: Path, kept: int) -> dict[str, list[dict]]:
+    """The tiny bundle with ``kept`` good history rows and one of unknown kind last, written to ``raw``."""
     bundle = tiny_bundle()
     first = bundle["history"][0]
     bundle["history"] = [
-        *(dict(first, user_id=f"usr-{n % 3}", title=f"thing {n}") for n in range(7)),
-        dict(first, kind="view"),  # unknown kind: quarantined from the last slice
+        *(dict(first, user_id=f"usr-{n % 3}", title=f"thing {n}") for n in range(kept)),
+        dict(first, kind="view"),  # unknown kind: quarantined from the last slice or file
     ]
-    write_bundle(bundle, tmp_path / "raw")
+    write_bundle(bundle, raw)
+    return bundle
+
+
+def test_history_written_in_slices_gives_the_whole_history(tmp_path, monkeypatch):
+    bundle_with_history(tmp_path / "raw", 7)
     whole = ingest_bundle(tmp_path / "raw", tmp_path / "one")
     monkeypatch.setattr(run_module, "HISTORY_ROWS", 3)  # 8 rows -> slices of 3, 3 and 2
     sliced = ingest_bundle(tmp_path / "raw", tmp_path / "many")
@@ -374,3 +392,33 @@ def test_history_written_in_slices_gives_the_whole_history(tmp_path, monkeypatch
         pl.read_parquet(p).height for p in (landed_dir(tmp_path / "many") / "history").glob("*.parquet")
     ]
     assert sorted(landed) == [2, 3, 3]  # the raw rows, landed a slice at a time
+
+
+class SpilledInChunksOfFour(IngestSettings):
+    spill_part_rows: int = 4  # parts of 4 rows, read 4 rows at a time
+    memory_rows: int = 0  # spilled
+
+
+def test_spilled_history_is_read_back_a_file_at_a_time_and_gives_the_whole_history(tmp_path, monkeypatch):
+    bundle = bundle_with_history(tmp_path / "raw", 9)
+    history_file = tmp_path / "raw" / "history" / "part-0.parquet"
+    pq.write_table(pq.read_table(history_file), history_file, row_group_size=3)  # read in chunks: 6, 4
+    whole = ingest_bundle(tmp_path / "raw", tmp_path / "one")
+    monkeypatch.setattr(pass_one, "SPILL_BUFFER_BYTES", 0)  # every chunk read is a spill file
+    pieces: list[int] = []
+    real_pieces = pass_one.Spill.pieces
+
+    def spy_pieces(spill, table, part):
+        for frame in real_pieces(spill, table, part):
+            pieces.append(frame.height)
+            yield frame
+
+    monkeypatch.setattr(pass_one.Spill, "pieces", spy_pieces)
+    spilled = ingest_bundle(tmp_path / "raw", tmp_path / "many", SpilledInChunksOfFour())
+    assert len(pieces) >= 2 and sum(pieces) == 10  # read back in several files, every row once
+    _same_lakes(tmp_path / "one", tmp_path / "many")
+    assert spilled.counts["history"] == whole.counts["history"] and spilled.counts["history"].balanced
+    assert spilled.output_rows["history"] == 9 and spilled.quarantine_by_reason["unknown_history_kind"] == 1
+    landed = [pl.read_parquet(p) for p in (landed_dir(tmp_path / "many") / "history").glob("*.parquet")]
+    assert sorted(frame.height for frame in landed) == sorted(pieces)  # landed a file at a time
+    assert sorted(pl.concat(landed)["title"].to_list()) == sorted(row["title"] for row in bundle["history"])

@@ -14,7 +14,10 @@ Two passes, so memory is bounded by a part, not by the bundle:
    that map. ``items`` that make one chunk stay in memory, their ids and image refs keyed in
    the writer thread meanwhile; items that make several are left to pass 2, which reads them
    once (their text is too large to keep or spill), after a read of their id column alone for
-   the duplicate check. Profiles and history stay in memory.
+   the duplicate check. Profiles stay in memory; history stays there too unless the parts are
+   spilled, when it is spilled beside them and read back a file at a time. The event ids' hashes
+   of a spilled bundle go to disk as they are read, by range of the hash space
+   (``duplicate_ids.IdHashes``), and the distinct users and named items are merged as they come.
 2. *align*: items are checked and written chunk by chunk, leaving a compact item index (ids
    sorted by hash, pseudonyms, what the checks need: ``item_index``). A bundle read in several
    parts keeps that index on disk, in shards by hash (``item_shards``), and each part takes from

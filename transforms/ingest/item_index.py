@@ -12,7 +12,7 @@ import polars as pl
 from transforms import align
 from transforms.config import IngestSettings
 from transforms.files import atomic_file
-from transforms.ingest.duplicate_ids import settle
+from transforms.ingest.duplicate_ids import in_ranges, settle
 from transforms.ingest.hashes import ID_SEED, check_hash, id_hash, merge_lookup
 from transforms.ingest.keying import lake_columns, pseudonyms
 from transforms.readers import empty_typed
@@ -120,7 +120,7 @@ def items_pass(
     Returns the item index (``shards``: its rows handed over chunk by chunk, and the shards they
     make), the quarantine rows and the merged duplicates."""
     settled = settle(
-        raw.item_id_hashes(),
+        in_ranges(raw.item_id_hashes()),
         lambda: raw.item_frames(release=False),
         "item_id",
         lambda rows: align.dedupe(rows, ["item_id"], "items", "duplicate_item_id", pseudonymize),

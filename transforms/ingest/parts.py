@@ -14,6 +14,7 @@ import polars as pl
 from transforms import align
 from transforms.config import IngestSettings
 from transforms.ingest.chunks import TableReader, read_chunk_rows, spill_part_rows, stack_frames
+from transforms.ingest.duplicate_ids import IdHashes
 from transforms.ingest.feeds_in_place import FeedsInPlace
 from transforms.ingest.hashes import ID_SEED, id_hash, part_of
 from transforms.ingest.item_index import keyed_items
@@ -37,6 +38,7 @@ SPILL_BUFFER_BYTES = 256 * 2**20  # rows buffered before spilling: few, big file
 # items left to pass 2 are read in smaller chunks than the rest: an item row (title, reviews, text)
 # is several times an event's, and a few chunks are in flight at once (read ahead, keyed, written)
 ITEM_CHUNK_SHARE = 2
+MERGE_DISTINCT = 8  # chunks' distinct user ids (and named items) kept before they are merged
 
 
 @dataclass
@@ -90,6 +92,21 @@ class Spill:
         files = sorted((self.folder / table / f"part={part}").glob("*.parquet"))
         return pl.read_parquet(files).rechunk() if files else empty_typed(table)
 
+    def pieces(self, table: str, part: int) -> Iterator[pl.DataFrame]:
+        """Rows of an on-disk (table, part) a spill file at a time, in the order they came (after
+        ``finish``)."""
+        for path in sorted((self.folder / table / f"part={part}").glob("*.parquet")):
+            yield pl.read_parquet(path)
+
+
+def _add_distinct(kept: list[pl.Series], values: pl.Series) -> None:
+    """Add a chunk's distinct ``values`` to ``kept``, merged into one distinct Series every
+    ``MERGE_DISTINCT`` chunks: each day's file names most of the shoppers and items again, so the
+    chunks' lists alone would grow with the files, not with the shoppers."""
+    kept.append(values)
+    if len(kept) >= MERGE_DISTINCT:
+        kept[:] = [pl.concat(kept).unique()]
+
 
 def _write_spill(batch: list[tuple[pl.DataFrame, Path]]) -> None:
     # uncompressed: the spill is read back soon, from the page cache; a codec costs more CPU than
@@ -110,7 +127,8 @@ class Raw:
     small: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
     rejects: list[pl.DataFrame] = field(default_factory=list)
     item_chunks: int = 0
-    id_hashes: dict[str, list[pl.Series]] = field(default_factory=lambda: {"events": [], "items": []})
+    event_hashes: IdHashes = field(default_factory=IdHashes)
+    item_hashes: list[pl.Series] = field(default_factory=list)
     users: list[pl.Series] = field(default_factory=list)
     event_items: list[pl.Series] = field(default_factory=list)  # hashes of the items events name
     # set when the items make several chunks: pass 1 skips them, pass 2 reads (and counts) them, and
@@ -132,15 +150,17 @@ class Raw:
         if frame.width == 0 or frame.height == 0:
             return
         if chunk.name == "items":
-            self.id_hashes["items"].append(frame.select(id_hash("item_id")).to_series())
+            self.item_hashes.append(frame.select(id_hash("item_id")).to_series())
             self.spill.add("items", self.item_chunks, frame)
             self.item_chunks += 1
         elif chunk.name in ("events", "feeds"):
             if chunk.name == "events":
-                self.id_hashes["events"].append(frame.select(id_hash("event_id")).to_series())
-                self.users.append(frame["user_id"].unique())
-                self.event_items.append(frame.select(id_hash("item_id").unique()).to_series())
+                self.event_hashes.add(frame.select(id_hash("event_id")).to_series())
+                _add_distinct(self.users, frame["user_id"].unique())
+                _add_distinct(self.event_items, frame.select(id_hash("item_id").unique()).to_series())
             self._spill_parts(chunk.name, frame)
+        elif chunk.name in self.spill.on_disk:  # history of a spilled bundle: one part, in order
+            self.spill.add(chunk.name, 0, frame)
         else:
             self.small.setdefault(chunk.name, []).append(frame)
 
@@ -201,14 +221,28 @@ class Raw:
         """``id_hash`` of the item ids: of every accepted row, or (items left to pass 2) of every
         row, which only adds suspects that ``settle`` clears). Handed over: ``Raw`` keeps no copy."""
         if self.deferred_items is None:
-            return self.id_hashes.pop("items", [])
+            hashes, self.item_hashes = self.item_hashes, []
+            return hashes
         return _item_id_column_hashes(self.deferred_items.root) or [
             frame.select(id_hash("item_id")).to_series() for frame in self.item_frames()
         ]
 
     def take(self, name: str) -> pl.DataFrame:
-        """A small table, whole, handed over: ``Raw`` keeps no copy (history grows with the bundle)."""
+        """A small table, whole, handed over: ``Raw`` keeps no copy."""
         return stack_frames(self.small.pop(name, []), name)
+
+    def history(self) -> Iterator[pl.DataFrame]:
+        """The history rows in reading order, handed over: whole where they stayed in memory, else a
+        spill file at a time (history grows with the shoppers)."""
+        if "history" not in self.spill.on_disk:
+            yield self.take("history")
+            return
+        none = True
+        for frame in self.spill.pieces("history", 0):
+            none = False
+            yield frame
+        if none:
+            yield empty_typed("history")
 
 
 def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run: StagedRun) -> Raw:
@@ -217,16 +251,19 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
     per_part = spill_part_rows(settings)
     rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
     parts = max(1, -(-rows // per_part))
-    on_disk = {"events", "feeds"} if parts > 1 and rows > settings.memory_rows else set()
+    on_disk = {"events", "feeds", "history"} if parts > 1 and rows > settings.memory_rows else set()
     unit, chunk = settings.timestamp_unit, read_chunk_rows(settings)
     feeds = TableReader(root, ("feeds",), unit, pseudonymize, chunk)
     in_place = FeedsInPlace.plan(feeds, parts) if on_disk else None
     if in_place is not None:
         on_disk.discard("feeds")
     items = TableReader(root, ("items",), unit, pseudonymize, max(1, chunk // ITEM_CHUNK_SHARE))
+    events = estimated_rows(root, "events")
+    event_hashes = IdHashes.on_disk(run.spill / "event_hashes", events) if on_disk else IdHashes()
     return Raw(
         Spill(run.spill, on_disk, run.writer, _preparations(settings)),
         parts,
+        event_hashes=event_hashes,
         deferred_items=items if estimated_rows(root, "items") > chunk else None,
         feeds_in_place=in_place,
     )

@@ -8,7 +8,7 @@ import shutil
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -131,7 +131,7 @@ def shared_context(
     run.write("profiles", profile_rows(profiles.rows, users, pseudonymize))
     if land:
         run.writer.submit(run.landed.add_whole, "profiles", raw_profiles)
-    history_rejects = write_history(source.take("history"), pseudonymize, settings, run, land)
+    history_rejects = write_history(source.history(), pseudonymize, settings, run, land)
     rejects: list[pl.DataFrame] = []
     if item_index is None:
         shards = ShardPieces(run.spill / "item_shards") if source.parts > 1 else None
@@ -141,7 +141,7 @@ def shared_context(
         if run.landed is not None:
             run.writer.submit(run.landed.save_index, item_index)
     events = settle(
-        source.id_hashes.pop("events", []),
+        source.event_hashes.by_range(),
         lambda: [
             align.map_actions(source.spill.read("events", p, release=False), settings.action_map)
             for p in range(source.parts)
@@ -157,18 +157,24 @@ def shared_context(
 
 
 def write_history(
-    history: pl.DataFrame, pseudonymize: Pseudonymizer, settings: IngestSettings, run: StagedRun, land: bool
+    history: Iterable[pl.DataFrame],
+    pseudonymize: Pseudonymizer,
+    settings: IngestSettings,
+    run: StagedRun,
+    land: bool,
 ) -> list[pl.DataFrame]:
     """History checked, keyed and written (and, ``land``, landed) ``HISTORY_ROWS`` rows at a time, so
     its copies stay a slice's size (history grows with the shoppers); returns its rejects."""
-    rejects = []
-    for part, start in enumerate(range(0, max(history.height, 1), HISTORY_ROWS)):
-        rows = history.slice(start, HISTORY_ROWS)
-        checked = checked_history(rows, pseudonymize)
-        rejects += checked.rejects
-        run.write("history", history_rows(checked.rows, pseudonymize, settings), part)
-        if land:
-            run.writer.submit(run.landed.add_whole, "history", rows)
+    rejects, part = [], 0
+    for frame in history:
+        for start in range(0, max(frame.height, 1), HISTORY_ROWS):
+            rows = frame.slice(start, HISTORY_ROWS)
+            checked = checked_history(rows, pseudonymize)
+            rejects += checked.rejects
+            run.write("history", history_rows(checked.rows, pseudonymize, settings), part)
+            if land:
+                run.writer.submit(run.landed.add_whole, "history", rows)
+            part += 1
     return rejects
 
 
