@@ -22,6 +22,7 @@ with an offset or ``Z`` are converted to UTC, naive ones are read as UTC.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import zlib
 from collections import deque
@@ -600,14 +601,28 @@ def unreadable_rows(
 
 
 def row_ranges(meta: pq.FileMetaData, chunk_rows: int) -> list[tuple[int, int]]:
-    """Row ranges of whole row groups of a Parquet file (its footer ``meta``), about ``chunk_rows``
-    rows each."""
+    """Row ranges of a Parquet file (its footer ``meta``), about ``chunk_rows`` rows each: whole row
+    groups, several together where they are small, and a group larger than ``chunk_rows`` in even
+    slices of at most that (a writer's million-row groups of wide item rows would otherwise be
+    several times the chunk that the reader's memory is planned for)."""
     ranges, start, size = [], 0, 0
     for group in range(meta.num_row_groups):
-        size += meta.row_group(group).num_rows
-        if size >= chunk_rows or group == meta.num_row_groups - 1:
+        rows = meta.row_group(group).num_rows
+        if rows > chunk_rows:
+            if size:
+                ranges.append((start, size))
+                start, size = start + size, 0
+            slices = -(-rows // chunk_rows)
+            bounds = [start + rows * k // slices for k in range(slices + 1)]
+            ranges += [(a, b - a) for a, b in itertools.pairwise(bounds)]
+            start += rows
+            continue
+        size += rows
+        if size >= chunk_rows:
             ranges.append((start, size))
             start, size = start + size, 0
+    if size:
+        ranges.append((start, size))
     return ranges
 
 

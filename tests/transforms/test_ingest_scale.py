@@ -367,6 +367,20 @@ def test_big_parquet_files_are_read_in_row_group_chunks(tmp_path):
     assert sum(c.rows_in for c in chunks) == 10
 
 
+def test_a_row_group_larger_than_a_chunk_is_read_in_slices(tmp_path):
+    # one group of 2, one of 10, one of 1, in chunks of 4: the 2 alone, the 10 in even slices, the 1
+    rows = feeds("pv-A") + feeds("pv-B") + feeds("pv-C")
+    table = pa.Table.from_pylist(rows[:13])
+    (tmp_path / "feeds").mkdir()
+    with pq.ParquetWriter(tmp_path / "feeds" / "part-0.parquet", table.schema) as writer:
+        for start, size in ((0, 2), (2, 10), (12, 1)):
+            writer.write_table(table.slice(start, size), row_group_size=size)
+    chunks = list(read_tables(tmp_path, ("feeds",), "auto", None, 4))
+    assert [c.frame.height for c in chunks] == [2, 3, 3, 4, 1]
+    assert pl.concat([c.frame for c in chunks])["_row"].to_list() == list(range(13))
+    assert pl.concat([c.frame for c in chunks])["item_id"].to_list() == [r["item_id"] for r in rows[:13]]
+
+
 def bundle_with_history(raw: Path, kept: int) -> dict[str, list[dict]]:
     """The tiny bundle with ``kept`` good history rows and one of unknown kind last, written to ``raw``."""
     bundle = tiny_bundle()

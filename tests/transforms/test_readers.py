@@ -51,7 +51,9 @@ def test_small_files_are_grouped_up_to_the_chunk_size(tmp_path):
     root = write_bundle(tiny_bundle(), tmp_path / "raw")
     paths = _split_events(root, [3, 4, 2])
     assert [chunk.paths for chunk in chunk_plan(root, "events", chunk_rows=7)] == [paths[:2], paths[2:]]
-    assert [chunk.paths for chunk in chunk_plan(root, "events", chunk_rows=3)] == [[p] for p in paths]
+    by_three = chunk_plan(root, "events", chunk_rows=3)  # the 4-row file (one row group) in two slices
+    assert [chunk.paths for chunk in by_three] == [[paths[0]], [paths[1]], [paths[1]], [paths[2]]]
+    assert [chunk.rows for chunk in by_three] == [None, (0, 2), (2, 2), None]
     streamed = pl.concat([r.frame for r in read_tables(root, ("events",), "auto", None, 7)])
     assert streamed.equals(_one_by_one(root, paths))
 

@@ -4,7 +4,8 @@ items, profiles, history and the ingest part of quarantine.
 Two passes, so memory is bounded by a part, not by the bundle:
 
 1. *read* (``parts``): the raw part files are read and typed in two threads, in chunks (a big
-   Parquet file about a row group at a time, small ones several at a time), rejects collected.
+   Parquet file by row groups, a group larger than a chunk in slices, small files several at a
+   time), rejects collected.
    ``events`` and ``feeds`` rows are split into parts by a hash of ``page_view_id``, kept in
    memory up to ``memory_rows`` and otherwise spilled under
    ``LAKE/.staging/spill-<token>/<table>/part=<p>/``. Beyond ``memory_rows``, feeds whose files
@@ -28,7 +29,7 @@ Two passes, so memory is bounded by a part, not by the bundle:
    workers), each part is a task of its own instead, reading the shared context and its rows from
    files under the spill (``part_tasks``); the lake is the same, file for file.
 
-Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (1,000,000: a few parts
+Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (750,000: a few parts
 at UserArena scale, kept in memory; one for small bundles). Two parts align at once, so the part
 size is most of what pass 2 holds beyond the shared context.
 
