@@ -59,7 +59,7 @@ class IngestSettings(BaseSettings):
         False, description="keep raw image refs; by default they are keyed like ids (they often embed ids)"
     )
     spill_part_rows: int = Field(
-        1_000_000,
+        750_000,
         ge=1,
         description="feed + event rows per ingest part (bounds memory; 1 part for small bundles)",
     )

@@ -126,7 +126,9 @@ def items_pass(
         lambda rows: align.dedupe(rows, ["item_id"], "items", "duplicate_item_id", pseudonymize),
     )
     rejects, pieces, keys = list(settled.rejects), [], []
-    named = pl.concat([pl.Series(dtype=pl.UInt64), *raw.event_items]).unique().implode()
+    event_items, raw.event_items = raw.event_items, []  # handed over: kept no longer than this pass
+    named = pl.concat([pl.Series(dtype=pl.UInt64), *event_items]).unique().implode()
+    del event_items
     for n, frame in enumerate(raw.item_frames(count=True)):
         chunk_keys = Pseudonymizer(settings.rekey_key, settings.keep_image_refs)  # ids do not recur
         rows, bad = align.check_prices(settled.apply(frame), chunk_keys)

@@ -125,9 +125,9 @@ def shared_context(
     land = run.landed is not None and item_index is None  # a full run lands them; a new day its own
     raw_profiles = source.take("profiles")
     profiles = align.check_profiles(raw_profiles, pseudonymize)
-    users = user_assignment(
-        pl.concat([*source.users, profiles.rows["user_id"]]).unique(), pseudonymize, settings
-    )
+    seen, source.users = source.users, []  # handed over: the assignment below is what the parts use
+    users = user_assignment(pl.concat([*seen, profiles.rows["user_id"]]).unique(), pseudonymize, settings)
+    del seen
     run.write("profiles", profile_rows(profiles.rows, users, pseudonymize))
     if land:
         run.writer.submit(run.landed.add_whole, "profiles", raw_profiles)
