@@ -18,8 +18,9 @@ Variants, each run in its own process so peak RSS is its own:
 - ``floor-polars``: the same copy with Polars' reader and writer, for comparison.
 
 Each variant imports its libraries before its clock starts (``IMPORTS``). The report gives the
-median run's phases too, wall and CPU seconds each (ingest: read, items, align, write; the copies:
-read, write), so what the ingest spends beyond a copy can be read off. Every variant runs in
+median run's phases too, wall and CPU seconds and the highest sampled RSS each (ingest: read,
+items, align, write; the copies: read, write), so what the ingest spends beyond a copy, and where
+its memory peaks, can be read off. Every variant runs in
 the environment the ``trajforge`` CLI sets (``flows``), Polars' allocator settings included.
 
 Appends a section to bench/RESULTS.md unless ``--no-record``.
@@ -34,6 +35,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +56,23 @@ RAW_TABLES = ("profiles", "items", "feeds", "events", "history")
 
 #: (phase, wall clock, process CPU seconds) as each phase of the measured run starts
 PHASES: list[tuple[str, float, float]] = []
+#: the highest RSS sampled in each phase (MiB), every ``RSS_SAMPLE_S``: where the peak falls
+PHASE_RSS: dict[str, int] = {}
+RSS_SAMPLE_S = 0.25
+
+
+def _sample_rss() -> None:
+    while True:
+        phase = PHASES[-1][0] if PHASES else "start"
+        PHASE_RSS[phase] = max(PHASE_RSS.get(phase, 0), _rss_mib())
+        time.sleep(RSS_SAMPLE_S)
+
+
+def _rss_mib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+    return 0
 
 
 def _phase(name: str) -> None:
@@ -230,6 +249,8 @@ def child(variant: str, raw: Path, out: Path, target_bytes: int) -> None:
     for module in IMPORTS[variant]:
         importlib.import_module(module)
     load = os.getloadavg()[0]
+    if Path("/proc/self/status").exists():
+        threading.Thread(target=_sample_rss, daemon=True).start()
     cpu_before = _cpu_seconds()
     started = time.perf_counter()
     rows = VARIANTS[variant](raw, out, target_bytes)
@@ -239,12 +260,16 @@ def child(variant: str, raw: Path, out: Path, target_bytes: int) -> None:
     print(json.dumps(result | {"cpu_s": cpu, "load": load, "phases": _phase_times()}))
 
 
-def _phase_times() -> list[tuple[str, float, float]]:
-    """Wall and CPU seconds of each phase of the run (from its start to the next one's, or the end)."""
+def _phase_times() -> list[tuple[str, float, float, int | None]]:
+    """Wall and CPU seconds of each phase of the run (from its start to the next one's, or the end),
+    and the highest RSS sampled in it (MiB; None where no sample fell in it)."""
     if not PHASES:
         return []
     ends = [*PHASES[1:], ("end", time.perf_counter(), _cpu_seconds())]
-    return [(name, end[1] - wall, end[2] - cpu) for (name, wall, cpu), end in zip(PHASES, ends, strict=True)]
+    return [
+        (name, end[1] - wall, end[2] - cpu, PHASE_RSS.get(name))
+        for (name, wall, cpu), end in zip(PHASES, ends, strict=True)
+    ]
 
 
 def _cpu_seconds() -> float:
@@ -352,13 +377,19 @@ def report(results: list[dict], users: int, generate_s: float, command: str) -> 
         )
     phases = [_phase_line(r) for r in results if r.get("phases")]
     if phases:
-        heading = "Where the median run's time went, per phase: wall s / CPU s (CPU counts every thread).  "
+        heading = (
+            "Where the median run's time went, per phase: wall s / CPU s (CPU counts every thread), and "
+            "in brackets the highest RSS sampled in it every 0.25 s (a peak between samples is missed).  "
+        )
         lines += ["", heading, *phases]
     return "\n".join(lines) + "\n"
 
 
 def _phase_line(result: dict) -> str:
-    parts = [f"{name} {wall:.2f} / {cpu:.1f}" for name, wall, cpu in result["phases"]]
+    parts = [
+        f"{name} {wall:.2f} / {cpu:.1f}" + (f" ({rss:,} MiB)" if rss else "")
+        for name, wall, cpu, rss in result["phases"]
+    ]
     return f"- {result['variant']}: " + " · ".join(parts) + "  "
 
 
