@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -755,10 +756,18 @@ class RawBundle:
                 yield located_raw_rows(chunk.frame)
 
     def duplicated_keys(self, keys: Sequence[str], table: str) -> pl.Series:
-        """Hashes of the keys that occur more than once in the whole table."""
-        hashes = [frame.select(key_hash(keys)).to_series() for frame in self.frames(table)]
-        every = pl.concat(hashes) if hashes else pl.Series(dtype=pl.UInt64)
-        return every.filter(every.is_duplicated()).unique()
+        """Hashes of the keys that occur more than once in the whole table, counted one range of the
+        hash space at a time; a table of more than a range keeps its hashes on disk meanwhile (a
+        big bundle's feed cards are hundreds of millions of rows)."""
+        from transforms.ingest.duplicate_ids import RANGE_HASHES, IdHashes, repeated_hashes
+        from transforms.readers import estimated_rows
+
+        expected = estimated_rows(self.root, table)
+        with tempfile.TemporaryDirectory(prefix="trajforge-gate-keys-") as folder:
+            kept = IdHashes.on_disk(Path(folder), expected) if expected > RANGE_HASHES else IdHashes()
+            for frame in self.frames(table):
+                kept.add(frame.select(key_hash(keys)).to_series())
+            return repeated_hashes(kept.by_range())
 
     def prepared(self, suite: TableSuite) -> Iterator[pl.DataFrame]:
         """Chunks ready for GE, ``_key_unique`` judged against the whole table."""

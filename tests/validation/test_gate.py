@@ -266,9 +266,21 @@ def test_mostly_is_judged_on_all_batches(tmp_path: Path):
     assert "profile__gender_not_null" in summary.tables["profiles"].warnings
 
 
-def test_raw_suites_run_chunk_by_chunk_and_see_keys_across_chunks(tmp_path: Path):
+@pytest.mark.parametrize("range_hashes", [1 << 23, 2], ids=["in-memory", "on-disk-by-range"])
+def test_raw_suites_run_chunk_by_chunk_and_see_keys_across_chunks(tmp_path: Path, monkeypatch, range_hashes):
     from tests.validation.torture import fault
-    from transforms.ingest import ingest_bundle
+    from transforms.ingest import duplicate_ids, ingest_bundle
+
+    # 2 hashes a range: the 13 event keys are kept on disk in 7 ranges while the chunks are read
+    monkeypatch.setattr(duplicate_ids, "RANGE_HASHES", range_hashes)
+    spilled: list[Path] = []
+    real_flush = duplicate_ids.IdHashes._flush
+
+    def spy_flush(kept):
+        real_flush(kept)
+        spilled.extend(kept.folder.rglob("*.arrow"))
+
+    monkeypatch.setattr(duplicate_ids.IdHashes, "_flush", spy_flush)
 
     raw, lake = tmp_path / "raw", tmp_path / "lake"
     fault("duplicate_event_id").build(raw)  # a second e11 with other values
@@ -282,6 +294,7 @@ def test_raw_suites_run_chunk_by_chunk_and_see_keys_across_chunks(tmp_path: Path
     summary = run_gate(lake, ["steps"], raw=raw, docs=False, batch_rows=4)
     unique = next(o for o in summary.outcomes if o.suite == "raw.events" and o.check == "key_unique")
     assert (unique.evaluated, unique.unexpected) == (13, 2)
+    assert bool(spilled) == (range_hashes == 2)
     # each example is located in its own file, at its row within that file
     assert sorted(e["_at"] for e in unique.examples) == sorted(
         f"events/part-{row // 4}.parquet row {row % 4}" for row in copies
