@@ -25,10 +25,20 @@ def describe() -> str:
 
 def peak_rss_kib() -> int:
     """This process's peak RSS: VmHWM (ru_maxrss would include the parent's, kept across exec on Linux)."""
+    peak = _proc_status_kib("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def rss_kib() -> int:
+    """This process's RSS now (0 where /proc is not there)."""
+    return _proc_status_kib("VmRSS") or 0
+
+
+def _proc_status_kib(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return None

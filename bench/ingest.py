@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hostinfo import describe as machine  # noqa: E402 - bench/ is the script's folder
-from hostinfo import peak_rss_kib  # noqa: E402
+from hostinfo import peak_rss_kib, rss_kib  # noqa: E402
 
 import flows  # noqa: E402,F401 - every variant runs in the environment the CLI sets (allocator included)
 
@@ -64,15 +64,8 @@ RSS_SAMPLE_S = 0.25
 def _sample_rss() -> None:
     while True:
         phase = PHASES[-1][0] if PHASES else "start"
-        PHASE_RSS[phase] = max(PHASE_RSS.get(phase, 0), _rss_mib())
+        PHASE_RSS[phase] = max(PHASE_RSS.get(phase, 0), rss_kib() // 1024)
         time.sleep(RSS_SAMPLE_S)
-
-
-def _rss_mib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) // 1024
-    return 0
 
 
 def _phase(name: str) -> None:

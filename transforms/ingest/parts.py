@@ -249,7 +249,8 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
     """Parts from the bundle's size: 1 for small bundles, more for big ones; the parts of bundles
     beyond ``memory_rows`` are spilled to disk. Items of several chunks are left to pass 2."""
     per_part = spill_part_rows(settings)
-    rows = estimated_rows(root, "events") + estimated_rows(root, "feeds")
+    events = estimated_rows(root, "events")
+    rows = events + estimated_rows(root, "feeds")
     parts = max(1, -(-rows // per_part))
     on_disk = {"events", "feeds", "history"} if parts > 1 and rows > settings.memory_rows else set()
     unit, chunk = settings.timestamp_unit, read_chunk_rows(settings)
@@ -258,7 +259,6 @@ def _plan(root: Path, settings: IngestSettings, pseudonymize: Pseudonymizer, run
     if in_place is not None:
         on_disk.discard("feeds")
     items = TableReader(root, ("items",), unit, pseudonymize, max(1, chunk // ITEM_CHUNK_SHARE))
-    events = estimated_rows(root, "events")
     event_hashes = IdHashes.on_disk(run.spill / "event_hashes", events) if on_disk else IdHashes()
     return Raw(
         Spill(run.spill, on_disk, run.writer, _preparations(settings)),
