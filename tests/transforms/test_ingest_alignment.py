@@ -10,7 +10,12 @@ import pytest
 from tests.bundles import tiny_bundle, write_bundle
 from transforms.config import IngestSettings
 from transforms.ingest import ingest_bundle
+from transforms.ingest.alignment import USER_HASH, Context, by_user_hash, for_part
+from transforms.ingest.duplicate_ids import Settled
+from transforms.ingest.hashes import ID_SEED
+from transforms.ingest.item_index import ItemIndex
 from transforms.lake import read_lake_table
+from transforms.readers import empty_typed
 from transforms.rekey import Pseudonymizer
 
 KEY = IngestSettings().rekey_key
@@ -95,3 +100,40 @@ def test_a_smaller_visible_fraction_admits_partly_shown_cards(tmp_path):
     ingest_bundle(tmp_path / "raw", tmp_path / "lake", settings)
     visible = read_lake_table(tmp_path / "lake", "steps").sort("step")["visible_items"].to_list()
     assert visible[0] == items(1, 2, 3, 4, 5)
+
+
+def _part_context(users: pl.DataFrame, profiles: pl.DataFrame) -> Context:
+    return Context(
+        settings=IngestSettings(),
+        item_index=ItemIndex.build(empty_typed("items").select("item_id")),
+        profiles=by_user_hash(profiles),
+        users=by_user_hash(users),
+        max_ts=pl.lit(None),
+        events=Settled(pl.DataFrame(), [], 0),
+        source_cuts=pl.DataFrame(),
+    )
+
+
+def test_a_part_takes_only_its_own_users_rows():
+    ids = [f"usr-{n}" for n in range(5_000)]
+    users = pl.DataFrame({"user_id": ids, "bucket": list(range(5_000))})
+    profiles = pl.DataFrame({"user_id": ids[::2], "age": list(range(2_500))})
+    events = pl.DataFrame({"user_id": ["usr-7", "usr-4", None, "usr-4", "usr-4998", "nobody"]})
+    part = for_part(_part_context(users, profiles), events, pl.DataFrame({"item_id": []}))
+    wanted = ["usr-4", "usr-7", "usr-4998"]
+    assert part.users.sort("user_id").equals(users.filter(pl.col("user_id").is_in(wanted)).sort("user_id"))
+    assert part.profiles.sort("user_id").equals(
+        profiles.filter(pl.col("user_id").is_in(wanted)).sort("user_id")
+    )
+    assert USER_HASH not in part.users.columns  # the sort key stays with the run's tables
+
+
+def test_users_sharing_a_hash_are_all_taken():
+    """Two ids under one hash (as a collision would put them): both rows come, the join on user_id
+    tells them apart."""
+    ctx = _part_context(pl.DataFrame({"user_id": ["a"]}), pl.DataFrame({"user_id": ["a"]}))
+    hashed = pl.Series(["a"]).hash(ID_SEED)[0]
+    shared = pl.DataFrame({"user_id": ["a", "z", "y"], USER_HASH: [hashed, hashed, hashed + 1]})
+    ctx.users = shared.with_columns(pl.col(USER_HASH).cast(pl.UInt64)).sort(USER_HASH)
+    part = for_part(ctx, pl.DataFrame({"user_id": ["a"]}), pl.DataFrame({"item_id": []}))
+    assert sorted(part.users["user_id"]) == ["a", "z"]

@@ -10,6 +10,7 @@ import polars as pl
 
 from transforms import align
 from transforms.config import IngestSettings
+from transforms.ingest.hashes import ID_SEED
 from transforms.ingest.item_shards import ItemShards
 from transforms.rekey import Pseudonymizer
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 
 
 HISTORY_KINDS = ("click", "buy")
+USER_HASH = "_uh"  # the run-wide user tables' sort key (``by_user_hash``)
 EVENT_ITEM_COLUMNS = ("item_id", "visible_items")  # what an event names of the catalog
 
 
@@ -28,8 +30,8 @@ class Context:
 
     settings: IngestSettings
     item_index: ItemIndex | ItemShards  # shards: a part takes its own items (``for_part``)
-    profiles: pl.DataFrame  # align.profile_context
-    users: pl.DataFrame  # user_id (raw) -> _user (pseudonym), split, bucket
+    profiles: pl.DataFrame  # align.profile_context (``by_user_hash``; a part's: its users' only)
+    users: pl.DataFrame  # user_id (raw) -> _user (pseudonym), split, bucket (as ``profiles``)
     max_ts: pl.Expr
     events: Settled  # duplicate event ids, settled over all parts
     source_cuts: pl.DataFrame  # page_view_id, cut_reason: sessions the reader already cut (UserArena)
@@ -49,13 +51,33 @@ class Part:
     dropped_events: int  # align.drop_declared
 
 
+def by_user_hash(frame: pl.DataFrame) -> pl.DataFrame:
+    """A run-wide table with one row per raw ``user_id``, sorted by a hash of the id (``_uh``):
+    ``for_part`` takes a part's users from it by binary search rather than joining the part to
+    every shopper of the run, so a part's cost follows the part, not the run."""
+    return frame.with_columns(pl.col("user_id").hash(ID_SEED).alias(USER_HASH)).sort(USER_HASH)
+
+
+def _rows_of_users(table: pl.DataFrame, user_ids: pl.Series) -> pl.DataFrame:
+    """The rows of ``table`` (``by_user_hash``) whose hash one of ``user_ids`` has: those users'
+    rows (and, rarely, another user's sharing a hash, which the joins on ``user_id`` pass over)."""
+    probes = user_ids.drop_nulls().hash(ID_SEED).unique().sort()
+    hashes = table[USER_HASH]
+    first, past = hashes.search_sorted(probes, side="left"), hashes.search_sorted(probes, side="right")
+    rows = pl.select(pl.int_ranges(first, past)).to_series().explode().drop_nulls()
+    return table.gather(rows).drop(USER_HASH)
+
+
 def for_part(ctx: Context, events: pl.DataFrame, feeds: pl.DataFrame) -> Context:
-    """``ctx`` for one part's rows: where the item index lies in shards, with the index of the items
-    those rows name (every item id a part looks up is in its events or feeds)."""
+    """``ctx`` for one part's rows: the users and profiles of its events' users, and where the item
+    index lies in shards, the index of the items those rows name (every item id a part looks up
+    is in its events or feeds)."""
+    users = events["user_id"]
+    part = replace(ctx, users=_rows_of_users(ctx.users, users), profiles=_rows_of_users(ctx.profiles, users))
     if not isinstance(ctx.item_index, ItemShards):
-        return ctx
+        return part
     named = [feeds["item_id"], *(events[c] for c in EVENT_ITEM_COLUMNS if c in events.columns)]
-    return replace(ctx, item_index=ctx.item_index.index_for(*named))
+    return replace(part, item_index=ctx.item_index.index_for(*named))
 
 
 def _sessionless_feeds(

@@ -25,7 +25,7 @@ from transforms.ingest.accounting import (
     ingest_result,
     profile_flags,
 )
-from transforms.ingest.alignment import Context, Part, align_part, checked_history, for_part
+from transforms.ingest.alignment import Context, Part, align_part, by_user_hash, checked_history, for_part
 from transforms.ingest.duplicate_ids import settle
 from transforms.ingest.item_index import ItemIndex, items_pass
 from transforms.ingest.item_shards import ShardPieces
@@ -152,8 +152,8 @@ def shared_context(
     totals.rejects += [*rejects, *profiles.rejects, *history_rejects, *events.rejects]
     totals.duplicates["profiles"], totals.duplicates["events"] = profiles.duplicates, events.duplicates
     max_ts = pl.lit(datetime.now(UTC) + timedelta(days=1)).dt.cast_time_unit("ms")
-    profile_context = align.profile_context(profiles.rows)
-    return Context(settings, item_index, profile_context, users, max_ts, events, source.cuts)
+    profile_context = by_user_hash(align.profile_context(profiles.rows))
+    return Context(settings, item_index, profile_context, by_user_hash(users), max_ts, events, source.cuts)
 
 
 def write_history(
@@ -198,9 +198,10 @@ def align_parts(
     def aligned(p: int) -> tuple[Part, Context, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
         events, feeds, marks = source.spill.read("events", p), source.feeds(p), source.marks(p)
-        if land:
-            run.writer.submit(run.landed.add_views, events, feeds, marks, view_buckets(events, ctx.users))
         part_ctx = for_part(ctx, events, feeds)
+        if land:
+            buckets = view_buckets(events, part_ctx.users)
+            run.writer.submit(run.landed.add_views, events, feeds, marks, buckets)
         return align_part(events, feeds, part_ctx, keys, marks), part_ctx, keys
 
     with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
