@@ -10,7 +10,7 @@ import polars as pl
 
 from transforms import align
 from transforms.config import IngestSettings
-from transforms.ingest.hashes import ID_SEED
+from transforms.ingest.hashes import ID_SEED, id_hash
 from transforms.ingest.item_shards import ItemShards
 from transforms.rekey import Pseudonymizer
 
@@ -55,7 +55,7 @@ def by_user_hash(frame: pl.DataFrame) -> pl.DataFrame:
     """A run-wide table with one row per raw ``user_id``, sorted by a hash of the id (``_uh``):
     ``for_part`` takes a part's users from it by binary search rather than joining the part to
     every shopper of the run, so a part's cost follows the part, not the run."""
-    return frame.with_columns(pl.col("user_id").hash(ID_SEED).alias(USER_HASH)).sort(USER_HASH)
+    return frame.with_columns(id_hash("user_id").alias(USER_HASH)).sort(USER_HASH)
 
 
 def _rows_of_users(table: pl.DataFrame, user_ids: pl.Series) -> pl.DataFrame:
