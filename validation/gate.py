@@ -65,7 +65,7 @@ from validation.report import (
 )
 from validation.suites import RAW_ID_COLUMNS, TableSuite, all_suites, schema_suite
 
-BATCH_ROWS = 200_000
+BATCH_ROWS = 1_000_000  # rows of a GE batch, at most (and of a raw table's chunk)
 FRAME_ROWS = 1_000_000  # rows of a lake table in memory at once (GE sees them BATCH_ROWS at a time)
 # and at most this many bytes of them, as Parquet counts them uncompressed: a table of long texts
 # (records, a few KB a row) comes in frames and GE batches of fewer rows than a narrow one
@@ -283,11 +283,17 @@ def with_check_columns(
 
 
 def batches(suite: TableSuite, frame: pl.DataFrame, batch_rows: int) -> Iterator[Any]:
+    """``frame``'s columns that the suite reads, as GE batches of at most ``batch_rows`` rows and
+    ``BATCH_BYTES`` bytes: GE copies a batch for each check with a row condition, so memory follows
+    a batch's bytes, while each batch costs GE a fixed overhead, so a batch holds as many rows as
+    that bound allows."""
     from validation.ge import to_pandas
 
-    columns = [*suite.columns(), ROW]
-    for offset in range(0, max(frame.height, 1), batch_rows):
-        yield to_pandas(frame.slice(offset, batch_rows).select(columns), ROW)
+    frame = frame.select(*suite.columns(), ROW)
+    bounded = int(BATCH_BYTES * frame.height // max(frame.estimated_size(), 1))
+    rows = max(1, min(batch_rows, bounded))
+    for offset in range(0, max(frame.height, 1), rows):
+        yield to_pandas(frame.slice(offset, rows), ROW)
 
 
 # --- combining GE results -----------------------------------------------------
