@@ -67,17 +67,27 @@ def test_a_parts_index_gives_the_whole_index_answers_for_its_ids(tmp_path, monke
     shards, whole = sharded(rows, tmp_path / "shards", chunk=200), whole_index(rows)
     ids = rows["item_id"].to_list()
     feeds = pl.Series("item_id", [ids[k] for k in range(0, 500, 7)] + ["not-in-catalog", None])
-    clicks = pl.Series("item_id", [ids[3], None, ids[3], ids[498]])
+    clicks = pl.Series("item_id", [ids[3], None, ids[3], ids[498], ids[7], "gone"])  # ids[7]: a card too
     visible = pl.Series("visible_items", [[ids[10], "logged-only"], None, []])
-    part = shards.index_for(feeds, clicks, visible)
+    part = shards.index_for(feeds, visible, described=(clicks,))
     named = {*feeds.drop_nulls(), *clicks.drop_nulls(), ids[10]} & set(ids)
-    assert part.frame.height == len(named) and set(part.frame["item_id"]) == named
-    assert part.frame["_h"].is_sorted()
+    assert part.frame["_h"].equals(pl.Series("_h", sorted(named)).hash(ID_SEED).sort().alias("_h"))
+    assert set(part.frame["item_id"].drop_nulls()) == {ids[3], ids[498], ids[7]}  # the acted-on only
     for probe in (feeds, clicks, pl.Series("item_id", [ids[10], "logged-only"])):
         mine, theirs = part.rows_of(probe), whole.rows_of(probe)
         assert mine.is_null().equals(theirs.is_null())
-        assert part.context.gather(mine).equals(whole.context.gather(theirs))
         assert part.keys.gather(mine).equals(whole.keys.gather(theirs))
+        cards = [c for c in whole.context.columns if c in item_shards.CARD_COLUMNS]
+        assert part.context.select(cards).gather(mine).equals(whole.context.select(cards).gather(theirs))
+    # the acted-on items carry their whole context; the items only shown carry none of the rest
+    mine, theirs = part.rows_of(clicks), whole.rows_of(clicks)
+    assert part.context.gather(mine).equals(whole.context.gather(theirs))
+    shown_only = part.rows_of(pl.Series([ids[14], ids[10]]))
+    assert part.context.gather(shown_only).select("item_id", "title", "review_count").null_count().row(0) == (
+        2,
+        2,
+        2,
+    )
     assert part.rows_of(pl.Series("item_id", [ids[11]])).to_list() == [None]  # not the part's
 
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 HISTORY_KINDS = ("click", "buy")
 USER_HASH = "_uh"  # the run-wide user tables' sort key (``by_user_hash``)
-EVENT_ITEM_COLUMNS = ("item_id", "visible_items")  # what an event names of the catalog
+# what an event names of the catalog: the item it acts on (whose id, title and review count the
+# checks and steps read), and the logged cards in view (found and keyed, as feed cards are)
+ACTED_ON, LOGGED_IN_VIEW = ("item_id",), ("visible_items",)
 
 
 @dataclass
@@ -76,8 +78,9 @@ def for_part(ctx: Context, events: pl.DataFrame, feeds: pl.DataFrame) -> Context
     part = replace(ctx, users=_rows_of_users(ctx.users, users), profiles=_rows_of_users(ctx.profiles, users))
     if not isinstance(ctx.item_index, ItemShards):
         return part
-    named = [feeds["item_id"], *(events[c] for c in EVENT_ITEM_COLUMNS if c in events.columns)]
-    return replace(part, item_index=ctx.item_index.index_for(*named))
+    shown = [feeds["item_id"], *(events[c] for c in LOGGED_IN_VIEW if c in events.columns)]
+    acted_on = tuple(events[c] for c in ACTED_ON if c in events.columns)
+    return replace(part, item_index=ctx.item_index.index_for(*shown, described=acted_on))
 
 
 def _sessionless_feeds(

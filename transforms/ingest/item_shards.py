@@ -26,6 +26,8 @@ from transforms.ingest.item_index import INDEX_FILE, SEED_FILE, ItemIndex, index
 
 SHARD_ITEMS = 1 << 21  # items per shard, about: what building one shard holds in memory
 SHARDS_FILE = "shards.json"
+#: what a part needs of every item it finds (a feed card: found, its top category, its pseudonym)
+CARD_COLUMNS = ("_h", "top_category", "_check", "_key")
 
 
 class HashCollision(Exception):
@@ -57,16 +59,20 @@ class ItemShards:
         """Shard ``shard``, mapped (its pages are read as a lookup touches them)."""
         return pl.from_arrow(_mapped(self.shard_file(shard)).read_all())
 
-    def index_for(self, *ids: pl.Series) -> ItemIndex:
-        """The index of the catalog's items among ``ids`` (id columns, or lists of ids; nulls and ids
-        outside the catalog are skipped): rows in hash order like the whole index's, so a part's
-        lookups, checks and keys come out as they would from it."""
-        hashes = self._hashes(ids)
+    def index_for(self, *ids: pl.Series, described: tuple[pl.Series, ...] = ()) -> ItemIndex:
+        """The index of the catalog's items among ``ids`` and ``described`` (id columns, or lists of
+        ids; nulls and ids outside the catalog are skipped): rows in hash order like the whole
+        index's, so a part's lookups, checks and keys come out as they would from it. Only the
+        ``described`` items carry their id, title and review count (the others' are null): a part
+        reads those for the items its events name, and for the many its feed cards alone name only
+        ``CARD_COLUMNS``, which is most of what a lookup spends in a large catalog."""
+        hashes, wanted = self._hashes([*ids, *described]), self._hashes(described)
         pieces = []
-        for shard, (start, end) in enumerate(self._slices(hashes)):
+        for shard, ((start, end), (first, past)) in enumerate(
+            zip(self._slices(hashes), self._slices(wanted), strict=True)
+        ):
             if start < end:
-                table = self.shard(shard)
-                pieces.append(table.gather(_found(table["_h"], hashes[start:end])))
+                pieces.append(_taken(self.shard(shard), hashes[start:end], wanted[first:past]))
         frame = pl.concat(pieces) if pieces else self.shard(0).clear()
         return indexed(frame.rechunk(), self.seed)
 
@@ -92,6 +98,20 @@ class ItemShards:
 
 def _mapped(path: Path) -> ipc.RecordBatchFileReader:
     return ipc.open_file(pa.memory_map(str(path)))
+
+
+def _taken(shard: pl.DataFrame, probes: pl.Series, described: pl.Series) -> pl.DataFrame:
+    """The rows of ``shard`` holding ``probes`` (sorted): ``CARD_COLUMNS`` of each, the other columns
+    only where the row holds one of ``described`` (sorted, a subset of ``probes``), else null."""
+    cards = shard.select(CARD_COLUMNS).gather(_found(shard["_h"], probes))
+    whole = shard.gather(_found(shard["_h"], described))
+    at = cards["_h"].search_sorted(whole["_h"])
+    others = [
+        pl.repeat(None, cards.height, dtype=shard[c].dtype, eager=True).alias(c).scatter(at, whole[c])
+        for c in shard.columns
+        if c not in CARD_COLUMNS
+    ]
+    return cards.with_columns(others).select(shard.columns)
 
 
 def _found(column: pl.Series, probes: pl.Series) -> pl.Series:
