@@ -1,16 +1,19 @@
 """The item index in shards: built from chunks of index rows, each part's index taken from it gives
-what the whole index gives for that part's ids, and a shared sort hash moves it to the next seed."""
+what the whole index gives for that part's ids (alone, or swept with other parts and made ahead),
+and a shared sort hash moves it to the next seed."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+from pathlib import Path
 
 import polars as pl
 
-from transforms.ingest import item_shards
+from transforms.ingest import item_shards, lookups_ahead
 from transforms.ingest.hashes import ID_SEED
 from transforms.ingest.item_index import ItemIndex, load_index, save_index
-from transforms.ingest.item_shards import ItemShards, ShardPieces
+from transforms.ingest.item_shards import ItemShards, PartNames, ShardPieces
 
 
 def catalog(n: int, seed: int = 5) -> pl.DataFrame:
@@ -69,7 +72,7 @@ def test_a_parts_index_gives_the_whole_index_answers_for_its_ids(tmp_path, monke
     feeds = pl.Series("item_id", [ids[k] for k in range(0, 500, 7)] + ["not-in-catalog", None])
     clicks = pl.Series("item_id", [ids[3], None, ids[3], ids[498], ids[7], "gone"])  # ids[7]: a card too
     visible = pl.Series("visible_items", [[ids[10], "logged-only"], None, []])
-    part = shards.index_for(feeds, visible, described=(clicks,))
+    part = shards.index_for(PartNames((feeds, visible), (clicks,)))
     named = {*feeds.drop_nulls(), *clicks.drop_nulls(), ids[10]} & set(ids)
     assert part.frame["_h"].equals(pl.Series("_h", sorted(named)).hash(ID_SEED).sort().alias("_h"))
     assert set(part.frame["item_id"].drop_nulls()) == {ids[3], ids[498], ids[7]}  # the acted-on only
@@ -93,7 +96,7 @@ def test_a_parts_index_gives_the_whole_index_answers_for_its_ids(tmp_path, monke
 
 def test_a_part_naming_no_catalog_item_gets_an_empty_index(tmp_path):
     shards = sharded(catalog(30), tmp_path / "shards", chunk=10)
-    part = shards.index_for(pl.Series("item_id", ["nope", None], dtype=pl.String))
+    part = shards.index_for(PartNames((pl.Series("item_id", ["nope", None], dtype=pl.String),)))
     assert part.frame.height == 0 and part.rows_of(pl.Series(["nope"])).to_list() == [None]
     assert part.frame.columns == load_shard_columns(shards)
 
@@ -118,5 +121,67 @@ def test_a_shared_sort_hash_moves_every_shard_to_the_next_seed(tmp_path, monkeyp
     stacked = pl.concat([shards.shard(s) for s in range(2**shards.bits)])
     assert stacked.height == 100 and stacked["_h"].n_unique() == 100
     assert stacked["_h"].equals(stacked["item_id"].hash(ID_SEED + 1).sort().alias("_h"))
-    part = shards.index_for(rows["item_id"].slice(40, 20))
+    part = shards.index_for(PartNames((rows["item_id"].slice(40, 20),)))
     assert part.seed == ID_SEED + 1 and part.rows_of(rows["item_id"].slice(40, 20)).null_count() == 0
+
+
+def some_parts(ids: list[str], parts: int, seed: int = 3) -> list[PartNames]:
+    """Parts naming overlapping draws of the catalog, ids outside it and nulls among them."""
+    rng = random.Random(seed)
+    named = []
+    for _ in range(parts):
+        shown = pl.Series("item_id", [*rng.sample(ids, 40), f"gone-{rng.random()}", None])
+        acted = pl.Series("item_id", [*rng.sample(list(shown[:40]), 5), None])
+        named.append(PartNames((shown, pl.Series("visible_items", [rng.sample(ids, 3), None])), (acted,)))
+    return named
+
+
+def test_parts_swept_together_get_the_indexes_they_get_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 64)
+    rows = catalog(500)
+    shards = sharded(rows, tmp_path / "shards", chunk=150)
+    parts = some_parts(rows["item_id"].to_list(), 5)
+    by_shard = list(shards.sweep(iter(parts)))  # read once, as a generator of names is
+    assert len(by_shard) == 2**shards.bits and all(len(rows) == 5 for rows in by_shard)
+    for k, names in enumerate(parts):
+        together = pl.concat([rows[k] for rows in by_shard])
+        assert together.equals(shards.index_for(names).frame.with_columns(shards.index_for(names).keys))
+    # a part naming nothing of the catalog gets no rows, the others theirs all the same
+    nothing = PartNames((pl.Series("item_id", ["gone"]),))
+    with_empty = list(shards.sweep([parts[0], nothing, parts[1]]))
+    assert sum(rows[1].height for rows in with_empty) == 0
+    assert pl.concat([rows[2] for rows in with_empty]).equals(pl.concat([rows[1] for rows in by_shard]))
+
+
+def test_a_group_names_a_set_share_of_the_catalog():
+    shards = ItemShards(Path("unused"), ID_SEED, 5, rows=56_000_000)
+    assert lookups_ahead.group_size(shards, part_rows=750_000) == 9  # 7 M items to name, 750 k a part
+    assert lookups_ahead.group_size(replace(shards, rows=5_600_000), part_rows=750_000) == 1
+    assert (
+        lookups_ahead.group_size(replace(shards, rows=10**10), part_rows=750_000) == lookups_ahead.MAX_GROUP
+    )
+
+
+def test_lookups_ahead_give_each_part_its_index_and_leave_no_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 64)
+    rows = catalog(500)
+    shards = sharded(rows, tmp_path / "shards", chunk=150)
+    parts = some_parts(rows["item_id"].to_list(), 5, seed=11)
+    asked: list[int] = []
+
+    def names(p: int) -> PartNames:
+        asked.append(p)
+        return parts[p]
+
+    ahead = lookups_ahead.LookupsAhead(shards, names, 5, 2, tmp_path / "lookups")
+    try:
+        for p in range(5):  # groups {0, 1}, {2, 3}, {4}: each swept once, the next one ahead
+            index, alone = ahead.index(p), shards.index_for(parts[p])
+            assert index.frame.equals(alone.frame) and index.keys.equals(alone.keys)
+            assert index.seed == shards.seed
+            assert index.rows_of(parts[p].acted_on[0]).equals(alone.rows_of(parts[p].acted_on[0]))
+        assert sorted(asked) == [0, 1, 2, 3, 4]  # every part's names read once
+        assert list((tmp_path / "lookups").iterdir()) == []  # each group's files went with its last part
+    finally:
+        ahead.close()
+    assert not (tmp_path / "lookups").exists()

@@ -8,6 +8,7 @@ Rows are compared as sets (sorted): parts change which file a row lands in, neve
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -19,7 +20,15 @@ from synthetic.bundle import write_bundle as write_synthetic
 from tests.bundles import event, feeds, tiny_bundle, write_bundle
 from transforms import lake as lake_io
 from transforms.config import IngestSettings
-from transforms.ingest import chunks, duplicate_ids, feeds_in_place, hashes, ingest_bundle, item_shards
+from transforms.ingest import (
+    chunks,
+    duplicate_ids,
+    feeds_in_place,
+    hashes,
+    ingest_bundle,
+    item_shards,
+    lookups_ahead,
+)
 from transforms.ingest import parts as pass_one
 from transforms.ingest import run as run_module
 from transforms.ingest.item_index import load_index
@@ -118,8 +127,32 @@ def spilled(monkeypatch) -> list[Path]:
     return paths
 
 
+@dataclass
+class Lookups:
+    grouped: bool
+    swept: list[int] = field(default_factory=list)  # the groups of parts swept, in order
+
+
+@pytest.fixture(params=["alone", "grouped"])
+def lookups(request, monkeypatch) -> Lookups:
+    """Each part looks its items up alone (a catalog this small), or the parts in groups of two, a
+    group ahead (``lookups_ahead``, as beside a catalog many times a part's size)."""
+    seen = Lookups(request.param == "grouped")
+    if seen.grouped:
+        monkeypatch.setattr(lookups_ahead, "GROUP_SHARE", 1e9)
+        monkeypatch.setattr(lookups_ahead, "MAX_GROUP", 2)
+        real_sweep = lookups_ahead.LookupsAhead._sweep
+
+        def spy_sweep(ahead, group):
+            seen.swept.append(group)
+            return real_sweep(ahead, group)
+
+        monkeypatch.setattr(lookups_ahead.LookupsAhead, "_sweep", spy_sweep)
+    return seen
+
+
 @pytest.mark.parametrize("settings", [ThreeParts(), ThreePartsInMemory()], ids=["on-disk", "in-memory"])
-def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings, monkeypatch):
+def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings, monkeypatch, lookups):
     write_bundle(cross_part_bundle(), tmp_path / "raw")
     hash_files: list[Path] = []
     real_by_range = duplicate_ids.IdHashes.by_range
@@ -153,6 +186,8 @@ def test_cross_part_faults_give_the_one_part_lake(tmp_path, spilled, settings, m
     assert reasons["duplicate_item_id"] == 1 and reasons["item_not_in_catalog"] == 1
     assert parted.flagged_by_reason["missing_profile"] == 1  # usr-3, steps in two parts: one flag
     assert parted.counts["events"].duplicates == 1  # the exact repeat, merged
+    # parts held in memory are never read ahead of their turn: they look their items up alone
+    assert lookups.swept == ([0, 1] if lookups.grouped and settings.memory_rows == 0 else [])
 
 
 def grouped_feeds_bundle() -> dict[str, list[dict]]:
@@ -181,7 +216,7 @@ def split_feeds(raw: Path, rows_per_file: int, row_group: int) -> None:
         pq.write_table(piece, raw / "feeds" / f"part-{n}.parquet", row_group_size=row_group)
 
 
-def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, spilled):
+def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, spilled, lookups):
     raw = tmp_path / "raw"
     write_bundle(grouped_feeds_bundle(), raw)
     # read in chunks of rows 0-20, 21-23 (file 0) and 24-35 (file 1): view c (rows 18-26) spans all three
@@ -198,6 +233,7 @@ def test_grouped_feeds_are_read_in_place_and_give_the_one_part_lake(tmp_path, sp
     assert reasons["missing_required_field"] == 1  # the card without a page view, counted once
     assert feeds_count.rows_in == 36 and feeds_count.duplicates == 1
     assert reasons["duplicate_event_id"] == 1 and reasons["page_view_user_conflict"] == 1
+    assert lookups.swept == ([0, 1] if lookups.grouped else [])
 
 
 def test_feed_view_runs_merge_across_files_and_refuse_split_views(tmp_path):
@@ -282,7 +318,7 @@ def test_duplicate_event_id_across_parts_keeps_the_first_by_source_order(tmp_pat
     assert rejected["source_row"].to_list() == [24]  # the later of the two rows with id ev-0
 
 
-def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path, monkeypatch):
+def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path, monkeypatch, lookups):
     monkeypatch.setattr(item_shards, "SHARD_ITEMS", 256)  # ~3,000 items: the index in 16 shards
     built = []
     real_build = item_shards.ShardPieces.build
@@ -313,6 +349,7 @@ def test_synthetic_bundle_in_many_parts_gives_the_one_part_lake(tmp_path, monkey
     assert many.frame.equals(one.frame) and many.keys.equals(one.keys)
     assert parted.counts == single.counts
     assert parted.quarantine_by_reason == single.quarantine_by_reason
+    assert lookups.swept == (list(range(8)) if lookups.grouped else [])  # 15 parts, 2 a group
     assert (
         single.quarantine_by_reason.get("duplicate_event_id") == 1 and single.counts["events"].duplicates == 1
     )

@@ -22,7 +22,9 @@ Two passes, so memory is bounded by a part, not by the bundle:
 2. *align*: items are checked and written chunk by chunk, leaving a compact item index (ids
    sorted by hash, pseudonyms, what the checks need: ``item_index``). A bundle read in several
    parts keeps that index on disk, in shards by hash (``item_shards``), and each part takes from
-   it only the items its rows name, so no process holds the whole catalog's. Then, part by part, the
+   it only the items its rows name, so no process holds the whole catalog's; where the parts' rows
+   lie on disk, a group of parts takes its items in one sweep over the shards, a group ahead of the
+   parts aligning (``lookups_ahead``). Then, part by part, the
    checks and the step alignment of ``transforms.align`` run on the part's page views
    (``alignment``, pure), and its rows are pseudonymized (``keying``) and added to the staged
    tables as ``part-<p>.parquet`` files (``run``). Given a map over parts (the flows' Ray or local

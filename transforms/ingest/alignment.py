@@ -11,7 +11,7 @@ import polars as pl
 from transforms import align
 from transforms.config import IngestSettings
 from transforms.ingest.hashes import ID_SEED, id_hash
-from transforms.ingest.item_shards import ItemShards
+from transforms.ingest.item_shards import ItemShards, PartNames
 from transforms.rekey import Pseudonymizer
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ USER_HASH = "_uh"  # the run-wide user tables' sort key (``by_user_hash``)
 # what an event names of the catalog: the item it acts on (whose id, title and review count the
 # checks and steps read), and the logged cards in view (found and keyed, as feed cards are)
 ACTED_ON, LOGGED_IN_VIEW = ("item_id",), ("visible_items",)
+NAMING_COLUMNS = (*ACTED_ON, *LOGGED_IN_VIEW)
 
 
 @dataclass
@@ -70,17 +71,26 @@ def _rows_of_users(table: pl.DataFrame, user_ids: pl.Series) -> pl.DataFrame:
     return table.gather(rows).drop(USER_HASH)
 
 
-def for_part(ctx: Context, events: pl.DataFrame, feeds: pl.DataFrame) -> Context:
+def part_names(events: pl.DataFrame, feed_items: pl.Series) -> PartNames:
+    """What a part's events and feed cards (their ``item_id``) name of the catalog: every item id a
+    part looks up is among them."""
+    shown = (feed_items, *(events[c] for c in LOGGED_IN_VIEW if c in events.columns))
+    return PartNames(shown, tuple(events[c] for c in ACTED_ON if c in events.columns))
+
+
+def for_part(
+    ctx: Context, events: pl.DataFrame, feeds: pl.DataFrame, item_index: ItemIndex | None = None
+) -> Context:
     """``ctx`` for one part's rows: the users and profiles of its events' users, and where the item
-    index lies in shards, the index of the items those rows name (every item id a part looks up
-    is in its events or feeds)."""
+    index lies in shards, the index of the items those rows name (``item_index``: that index, made
+    ahead)."""
     users = events["user_id"]
     part = replace(ctx, users=_rows_of_users(ctx.users, users), profiles=_rows_of_users(ctx.profiles, users))
+    if item_index is not None:
+        return replace(part, item_index=item_index)
     if not isinstance(ctx.item_index, ItemShards):
         return part
-    shown = [feeds["item_id"], *(events[c] for c in LOGGED_IN_VIEW if c in events.columns)]
-    acted_on = tuple(events[c] for c in ACTED_ON if c in events.columns)
-    return replace(part, item_index=ctx.item_index.index_for(*shown, described=acted_on))
+    return replace(part, item_index=ctx.item_index.index_for(part_names(events, feeds["item_id"])))
 
 
 def _sessionless_feeds(

@@ -27,6 +27,7 @@ class FeedsInPlace:
     cuts: pl.Series  # the global row where each part's feed rows begin
     bases: dict[str, int]  # _file -> global row of its first row
     reader: TableReader  # the typed chunks, in order
+    rows: int  # rows of every file
     chunks: Iterator[TableRead] | None = None
     ready: dict[int, list[pl.DataFrame]] = field(default_factory=dict)
     complete_below: int = 0  # parts below this one have all their rows in ``ready``
@@ -51,7 +52,12 @@ class FeedsInPlace:
             seed += 1  # two views share a hash under this seed: another one separates them
         views = views.select(hashes.alias("_h"), pl.col("_view_part").cast(pl.Int32)).sort("_h")
         return cls(
-            views.with_columns(pl.col("_h").set_sorted()), seed, starts.gather(first_run), bases, reader
+            views.with_columns(pl.col("_h").set_sorted()),
+            seed,
+            starts.gather(first_run),
+            bases,
+            reader,
+            total,
         )
 
     def part_of(self, ids: pl.Series) -> pl.Series:
@@ -59,6 +65,15 @@ class FeedsInPlace:
         events are rejected in any part: should its hash equal a feed view's, odds about 2^-64, it
         lands in that view's part and finds no cards there either)."""
         return merge_lookup(ids.hash(self.seed), self.views, pl.col("_view_part")).alias("_view_part")
+
+    def item_ids(self, part: int) -> pl.Series:
+        """The ``item_id`` of every row of ``part``'s range, read from that column alone (a string
+        column in every file, as ``plan`` checked: the typed rows keep it as it is)."""
+        start = self.cuts[part]
+        end = self.cuts[part + 1] if part + 1 < self.cuts.len() else self.rows
+        files = [self.reader.root / name for name in sorted(self.bases, key=self.bases.__getitem__)]
+        scan = pl.scan_parquet(files, hive_partitioning=False).select("item_id")
+        return scan.slice(start, end - start).collect().to_series()
 
     def take(self, part: int, count: Callable[[TableRead], None]) -> pl.DataFrame:
         """The feed rows of ``part``; reads on (counting each chunk once) until the part is whole."""
@@ -96,8 +111,8 @@ class FeedsInPlace:
 def _feed_view_runs(root: Path, chunk_rows: int) -> tuple[pl.DataFrame, dict[str, int]] | None:
     """The feeds' runs of one page view (``page_view_id``, ``_start``: global row, ``_rows``), read
     from that column alone, with the global row of each file's first row (files in ``_file`` order);
-    None unless every file is Parquet with a string column and every view is one run (null ids,
-    rejected when typed, may recur)."""
+    None unless every file is Parquet with string ``page_view_id`` and ``item_id`` columns and every
+    view is one run (null ids, rejected when typed, may recur)."""
     pieces, bases, offset = [], {}, 0
     for chunk in chunk_plan(root, "feeds", chunk_rows):
         for path in chunk.paths:
@@ -109,8 +124,8 @@ def _feed_view_runs(root: Path, chunk_rows: int) -> tuple[pl.DataFrame, dict[str
                 column = (scan.slice(*chunk.rows) if chunk.rows else scan).collect().to_series()
             except Exception:  # unreadable, or no such column: the spilled path reports it
                 return None
-            if column.dtype != pl.String:
-                return None
+            if column.dtype != pl.String or pl.read_parquet_schema(path).get("item_id") != pl.String:
+                return None  # (string ids pass the typing as they are, so they can be read ahead)
             pieces.append(column.rle().struct.unnest())
             offset += column.len()
     if not pieces:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,22 +31,34 @@ SHARDS_FILE = "shards.json"
 CARD_COLUMNS = ("_h", "top_category", "_check", "_key")
 
 
+@dataclass(frozen=True)
+class PartNames:
+    """The item ids one part names (id columns, or lists of ids; nulls and ids outside the catalog
+    are skipped): ``shown`` by its feed cards and the logged cards in view, ``acted_on`` by its
+    events, whose every index column the part reads (the detail-page checks, the steps' titles)."""
+
+    shown: tuple[pl.Series, ...]
+    acted_on: tuple[pl.Series, ...] = ()
+
+
 class HashCollision(Exception):
     """Two item ids share a sort hash under the current seed."""
 
 
 @dataclass(frozen=True)
 class ItemShards:
-    """The shards ``ShardPieces.build`` wrote to ``folder``: ``2**bits`` files, hash seed ``seed``."""
+    """The shards ``ShardPieces.build`` wrote to ``folder``: ``2**bits`` files, hash seed ``seed``,
+    ``rows`` items in all."""
 
     folder: Path
     seed: int
     bits: int
+    rows: int
 
     @classmethod
     def open(cls, folder: str | Path) -> ItemShards:
         meta = json.loads((Path(folder) / SHARDS_FILE).read_text())
-        return cls(Path(folder), meta["seed"], meta["bits"])
+        return cls(Path(folder), meta["seed"], meta["bits"], meta["rows"])
 
     def ranges(self) -> list[tuple[int, int]]:
         """The lowest and highest hash of each shard, in shard order."""
@@ -57,24 +70,31 @@ class ItemShards:
 
     def shard(self, shard: int) -> pl.DataFrame:
         """Shard ``shard``, mapped (its pages are read as a lookup touches them)."""
-        return pl.from_arrow(_mapped(self.shard_file(shard)).read_all())
+        return mapped_frame(self.shard_file(shard))
 
-    def index_for(self, *ids: pl.Series, described: tuple[pl.Series, ...] = ()) -> ItemIndex:
-        """The index of the catalog's items among ``ids`` and ``described`` (id columns, or lists of
-        ids; nulls and ids outside the catalog are skipped): rows in hash order like the whole
-        index's, so a part's lookups, checks and keys come out as they would from it. Only the
-        ``described`` items carry their id, title and review count (the others' are null): a part
-        reads those for the items its events name, and for the many its feed cards alone name only
-        ``CARD_COLUMNS``, which is most of what a lookup spends in a large catalog."""
-        hashes, wanted = self._hashes([*ids, *described]), self._hashes(described)
-        pieces = []
-        for shard, ((start, end), (first, past)) in enumerate(
-            zip(self._slices(hashes), self._slices(wanted), strict=True)
-        ):
-            if start < end:
-                pieces.append(_taken(self.shard(shard), hashes[start:end], wanted[first:past]))
-        frame = pl.concat(pieces) if pieces else self.shard(0).clear()
-        return indexed(frame.rechunk(), self.seed)
+    def index_for(self, names: PartNames) -> ItemIndex:
+        """The index of the catalog's items that one part names: rows in hash order like the whole
+        index's, so the part's lookups, checks and keys come out as they would from it. Only the
+        items it acts on carry their id, title and review count (the others' are null): for the
+        many its feed cards alone name it reads only ``CARD_COLUMNS``, which is most of what a
+        lookup spends in a large catalog."""
+        return indexed(pl.concat([rows for [rows] in self.sweep([names])]).rechunk(), self.seed)
+
+    def sweep(self, parts: Iterable[PartNames]) -> Iterator[list[pl.DataFrame]]:
+        """Shard by shard, in order, the index rows of each of ``parts`` in that shard (a part's index
+        is its rows of every shard, stacked: ``index_for``). The parts' hashes are searched as one
+        sorted stream per shard, so a group of parts walks each shard once, in order: one part at a
+        time, each would touch most pages of a large catalog on its own. ``parts`` is read once,
+        each part's ids hashed as it comes."""
+        probes = [(self._hashes([*n.shown, *n.acted_on]), self._hashes(n.acted_on)) for n in parts]
+        spans = [(self._spans(named), self._spans(acted)) for named, acted in probes]
+        for shard in range(2**self.bits):
+            table = self.shard(shard)
+            named = [hashes.slice(*span[shard]) for (hashes, _), (span, _) in zip(probes, spans, strict=True)]
+            acted = [hashes.slice(*span[shard]) for (_, hashes), (_, span) in zip(probes, spans, strict=True)]
+            cards = _rows_by_part(table, CARD_COLUMNS, named)
+            described = _rows_by_part(table, table.columns, acted)
+            yield [_with_acted_on(c, d, table.columns) for c, d in zip(cards, described, strict=True)]
 
     def _hashes(self, ids: tuple[pl.Series, ...] | list[pl.Series]) -> pl.Series:
         """The distinct sort hashes of ``ids`` (id columns, or lists of ids; nulls skipped), sorted."""
@@ -82,10 +102,10 @@ class ItemShards:
         flat = [column.hash(self.seed) for column in flat]
         return pl.concat([pl.Series("_h", dtype=pl.UInt64), *flat]).unique().sort().alias("_h")
 
-    def _slices(self, hashes: pl.Series) -> list[tuple[int, int]]:
-        """Where each shard's hashes start and end in ``hashes`` (sorted)."""
+    def _spans(self, hashes: pl.Series) -> list[tuple[int, int]]:
+        """Where each shard's hashes lie in ``hashes`` (sorted): (offset, length)."""
         starts = hashes.search_sorted(pl.Series([low for low, _ in self.ranges()], dtype=pl.UInt64))
-        return list(zip(starts, [*starts[1:], hashes.len()], strict=True))
+        return [(start, end - start) for start, end in zip(starts, [*starts[1:], hashes.len()], strict=True)]
 
     def save_as_index(self, folder: Path, zstd_level: int) -> None:
         """The shards as one ``item_index.save_index`` file in ``folder``, streamed shard by shard."""
@@ -100,27 +120,41 @@ def _mapped(path: Path) -> ipc.RecordBatchFileReader:
     return ipc.open_file(pa.memory_map(str(path)))
 
 
-def _taken(shard: pl.DataFrame, probes: pl.Series, described: pl.Series) -> pl.DataFrame:
-    """The rows of ``shard`` holding ``probes`` (sorted): ``CARD_COLUMNS`` of each, the other columns
-    only where the row holds one of ``described`` (sorted, a subset of ``probes``), else null."""
-    cards = shard.select(CARD_COLUMNS).gather(_found(shard["_h"], probes))
-    whole = shard.gather(_found(shard["_h"], described))
-    at = cards["_h"].search_sorted(whole["_h"])
+def mapped_frame(path: Path) -> pl.DataFrame:
+    """An uncompressed Arrow IPC file as a frame over its mapping (pages read as they are touched)."""
+    return pl.from_arrow(_mapped(path).read_all())
+
+
+def _rows_by_part(table: pl.DataFrame, columns: Sequence[str], probes: list[pl.Series]) -> list[pl.DataFrame]:
+    """``columns`` of the rows of ``table`` (a shard) that hold each part's ``probes`` (sorted), in
+    hash order: every part's probes merged into one sorted stream and searched together."""
+    empty = table.select(columns).clear()
+    parts = [
+        pl.DataFrame(
+            [hashes.alias("_h"), pl.repeat(k, hashes.len(), dtype=pl.UInt32, eager=True).alias("_part")]
+        )
+        for k, hashes in enumerate(probes)
+    ]
+    merged = pl.concat(parts) if len(parts) == 1 else pl.concat(parts).sort("_h")
+    if table.height == 0 or merged.height == 0:
+        return [empty] * len(probes)
+    at = table["_h"].search_sorted(merged["_h"]).clip(upper_bound=table.height - 1)
+    hit = table["_h"].gather(at) == merged["_h"]
+    rows = table.select(columns).gather(at.filter(hit)).with_columns(merged["_part"].filter(hit))
+    by_part = rows.partition_by("_part", as_dict=True, include_key=False, maintain_order=True)
+    return [by_part.get((k,), empty) for k in range(len(probes))]
+
+
+def _with_acted_on(cards: pl.DataFrame, described: pl.DataFrame, columns: Sequence[str]) -> pl.DataFrame:
+    """A part's rows of a shard: ``cards`` (``CARD_COLUMNS``), the other ``columns`` null save on the
+    rows ``described`` holds whole (the acted-on items, a subset of the cards' rows)."""
+    at = cards["_h"].search_sorted(described["_h"])
     others = [
-        pl.repeat(None, cards.height, dtype=shard[c].dtype, eager=True).alias(c).scatter(at, whole[c])
-        for c in shard.columns
+        pl.repeat(None, cards.height, dtype=described[c].dtype, eager=True).alias(c).scatter(at, described[c])
+        for c in columns
         if c not in CARD_COLUMNS
     ]
-    return cards.with_columns(others).select(shard.columns)
-
-
-def _found(column: pl.Series, probes: pl.Series) -> pl.Series:
-    """Rows of ``column`` (sorted, unique) that hold one of ``probes`` (sorted), in order."""
-    if column.len() == 0 or probes.len() == 0:
-        return pl.Series(dtype=pl.get_index_type())
-    at = column.search_sorted(probes)
-    hit = column.gather(at.clip(upper_bound=column.len() - 1)) == probes
-    return at.filter(hit)
+    return cards.with_columns(others).select(columns)
 
 
 class ShardPieces:
@@ -155,14 +189,15 @@ class ShardPieces:
         return sorted(self.pieces.glob("*.arrow"))
 
     def _build(self, bits: int) -> ItemShards:
-        shards = ItemShards(self.folder, self.seed, bits)
+        shards = ItemShards(self.folder, self.seed, bits, self.rows)
         for shard, (low, high) in enumerate(shards.ranges()):
             rows = pl.concat([_hash_range(path, low, high) for path in self._files()]).sort("_h")
             if rows["_h"].n_unique() < rows.height:
                 raise HashCollision(f"item ids share a hash under seed {self.seed}")
             with atomic_file(shards.shard_file(shard)) as tmp:
                 rows.rechunk().write_ipc(tmp, compression="uncompressed")
-        (self.folder / SHARDS_FILE).write_text(json.dumps({"seed": self.seed, "bits": bits}) + "\n")
+        meta = {"seed": self.seed, "bits": bits, "rows": self.rows}
+        (self.folder / SHARDS_FILE).write_text(json.dumps(meta) + "\n")
         return shards
 
 

@@ -92,6 +92,11 @@ class Spill:
         files = sorted((self.folder / table / f"part={part}").glob("*.parquet"))
         return pl.read_parquet(files).rechunk() if files else empty_typed(table)
 
+    def columns(self, table: str, part: int, columns: tuple[str, ...]) -> pl.DataFrame:
+        """``columns`` of an on-disk (table, part), read from the spill's files (after ``finish``)."""
+        files = sorted((self.folder / table / f"part={part}").glob("*.parquet"))
+        return pl.read_parquet(files, columns=list(columns)) if files else empty_typed(table).select(columns)
+
     def pieces(self, table: str, part: int) -> Iterator[pl.DataFrame]:
         """Rows of an on-disk (table, part) a spill file at a time, in the order they came (after
         ``finish``)."""
@@ -216,6 +221,14 @@ class Raw:
         if self.feeds_in_place is None:
             return self.spill.read("feeds", part)
         return self.feeds_in_place.take(part, self.count)
+
+    def feed_item_ids(self, part: int) -> pl.Series:
+        """The ``item_id`` of ``part``'s feed rows, read alone from where they lie on disk (feeds read
+        in place: every row of the part's range as the files hold it, the typed rows' ids and those
+        of rows the typing rejects)."""
+        if self.feeds_in_place is not None:
+            return self.feeds_in_place.item_ids(part)
+        return self.spill.columns("feeds", part, ("item_id",))["item_id"]
 
     def item_id_hashes(self) -> list[pl.Series]:
         """``id_hash`` of the item ids: of every accepted row, or (items left to pass 2) of every

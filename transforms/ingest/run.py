@@ -25,12 +25,23 @@ from transforms.ingest.accounting import (
     ingest_result,
     profile_flags,
 )
-from transforms.ingest.alignment import Context, Part, align_part, by_user_hash, checked_history, for_part
+from transforms.ingest.alignment import (
+    NAMING_COLUMNS,
+    Context,
+    Part,
+    align_part,
+    by_user_hash,
+    checked_history,
+    for_part,
+    part_names,
+)
+from transforms.ingest.chunks import spill_part_rows
 from transforms.ingest.duplicate_ids import settle
 from transforms.ingest.item_index import ItemIndex, items_pass
-from transforms.ingest.item_shards import ShardPieces
+from transforms.ingest.item_shards import ItemShards, PartNames, ShardPieces
 from transforms.ingest.keying import history_rows, key_part, profile_rows, user_assignment
 from transforms.ingest.landed import LandedWriter, bundle_files, commit_landed, landed_dir, view_buckets
+from transforms.ingest.lookups_ahead import LookupsAhead, group_size
 from transforms.ingest.new_files import NewFiles, ingest_new_files, plan_new_files
 from transforms.ingest.part_tasks import AlignMap, PartOutcome, forget_context, part_jobs
 from transforms.ingest.parts import Raw, from_tables, read_pass
@@ -195,23 +206,48 @@ def align_parts(
         _align_in_tasks(source, ctx, run, totals, land, map_parts)
         return
 
+    ahead = _grouped_lookups(source, ctx, run.spill / "lookups")
+
     def aligned(p: int) -> tuple[Part, Context, Pseudonymizer]:
         keys = Pseudonymizer(ctx.settings.rekey_key, ctx.settings.keep_image_refs)  # the part's own ids
         events, feeds, marks = source.spill.read("events", p), source.feeds(p), source.marks(p)
-        part_ctx = for_part(ctx, events, feeds)
+        part_ctx = for_part(ctx, events, feeds, None if ahead is None else ahead.index(p))
         if land:
             buckets = view_buckets(events, part_ctx.users)
             run.writer.submit(run.landed.add_views, events, feeds, marks, buckets)
         return align_part(events, feeds, part_ctx, keys, marks), part_ctx, keys
 
-    with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
-        running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
-        for p in range(source.parts):
-            part, part_ctx, keys = running.popleft().result()
-            if p + ALIGN_THREADS < source.parts:
-                running.append(pool.submit(aligned, p + ALIGN_THREADS))
-            _gather(totals, part)
-            run.writer.submit(write_keyed_part, part, part_ctx, keys, run, p)
+    try:
+        with ThreadPoolExecutor(max_workers=ALIGN_THREADS, thread_name_prefix="ingest-align") as pool:
+            running = deque(pool.submit(aligned, p) for p in range(min(ALIGN_THREADS, source.parts)))
+            for p in range(source.parts):
+                part, part_ctx, keys = running.popleft().result()
+                if p + ALIGN_THREADS < source.parts:
+                    running.append(pool.submit(aligned, p + ALIGN_THREADS))
+                _gather(totals, part)
+                run.writer.submit(write_keyed_part, part, part_ctx, keys, run, p)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _grouped_lookups(source: Raw, ctx: Context, folder: Path) -> LookupsAhead | None:
+    """The parts' item lookups made a group at a time (``LookupsAhead``) where the index lies in
+    shards large enough for a group to pay (``group_size``) and the parts' rows lie on disk, where
+    their ids can be read ahead of the part (rows held in memory are handed over to their part,
+    never read before it)."""
+    on_disk = source.spill.on_disk
+    feeds_ahead = source.feeds_in_place is not None or "feeds" in on_disk
+    if not isinstance(ctx.item_index, ItemShards) or "events" not in on_disk or not feeds_ahead:
+        return None
+    group = group_size(ctx.item_index, spill_part_rows(ctx.settings))
+    if group < 2:
+        return None
+
+    def names(part: int) -> PartNames:
+        return part_names(source.spill.columns("events", part, NAMING_COLUMNS), source.feed_item_ids(part))
+
+    return LookupsAhead(ctx.item_index, names, source.parts, group, folder)
 
 
 def _gather(totals: Totals, part: Part | PartOutcome) -> None:
