@@ -9,13 +9,13 @@ Two passes, so memory is bounded by a part, not by the bundle:
    ``events`` and ``feeds`` rows are split into parts by a hash of ``page_view_id``, kept in
    memory up to ``memory_rows`` and otherwise spilled under
    ``LAKE/.staging/spill-<token>/<table>/part=<p>/``. Beyond ``memory_rows``, feeds whose files
-   are all Parquet with each view's cards together (the usual layout) are not spilled: a view
-   belongs to the part its first card falls in, only ``page_view_id`` is read here, and pass 2
-   reads each part's feed rows in place, in order (``feeds_in_place``); the events are spilled by
-   that map. ``items`` that make one chunk stay in memory, their ids and image refs keyed in
-   the writer thread meanwhile; items that make several are left to pass 2, which reads them
-   once (their text is too large to keep or spill), after a read of their id column alone for
-   the duplicate check. Profiles stay in memory; history stays there too unless the parts are
+   are all Parquet, with string ids and each view's cards together (the usual layout), are not
+   spilled: a view belongs to the part its first card falls in, only ``page_view_id`` is read
+   here, and pass 2 reads each part's feed rows in place, in order (``feeds_in_place``); the
+   events are spilled by that map. ``items`` that make one chunk stay in memory, their ids and
+   image refs keyed in the writer thread meanwhile; items that make several are left to pass 2,
+   which reads them once (their text is too large to keep or spill), after a read of their id
+   column alone for the duplicate check. Profiles stay in memory; history stays there too unless the parts are
    spilled, when it is spilled beside them and read back a file at a time. The event ids' hashes
    of a spilled bundle go to disk as they are read, by range of the hash space
    (``duplicate_ids.IdHashes``), and the distinct users and named items are merged as they come.

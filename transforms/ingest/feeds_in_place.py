@@ -16,10 +16,10 @@ from transforms.readers import TableRead, chunk_plan, file_format
 
 @dataclass
 class FeedsInPlace:
-    """Feeds read where they lie in pass 2, not spilled: when every feeds file is Parquet and each
-    page view's cards come together (the usual layout), a view belongs to the part its first card
-    falls in (rows numbered over the files in ``_file`` order), so a part's feeds are one run of
-    whole views. One reader walks the files once, in order, and hands each part its rows; pass 1
+    """Feeds read where they lie in pass 2, not spilled: when every feeds file is Parquet with string
+    ids and each page view's cards come together (the usual layout), a view belongs to the part its
+    first card falls in (rows numbered over the files in ``_file`` order), so a part's feeds are one
+    run of whole views. One reader walks the files once, in order, and hands each part its rows; pass 1
     reads the ``page_view_id`` column alone and spills only the events, by the same map."""
 
     views: pl.DataFrame  # _h (a hash of page_view_id; flagged sorted, unique), _view_part
