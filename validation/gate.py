@@ -8,10 +8,11 @@ Per table:
 2. ``<table>``: the data, read frame by frame (``LakeTableReader``: a partitioned table one
    user bucket at a time, so the helpers over a session see all of it; any other table by
    Parquet batches), helper columns computed per frame, then converted to Arrow-backed pandas
-   in batches of ``batch_rows`` and validated by GE batch by batch; counts and failing row
-   numbers are combined across frames and batches (``mostly`` is judged on the totals). Key
-   uniqueness, the one check across frames, comes from a DuckDB aggregate over the table's
-   files. Memory is bounded by a frame, not by the table.
+   in batches of at most ``batch_rows`` rows and ``BATCH_BYTES`` bytes and validated by GE batch by
+   batch; counts and failing row numbers are combined across frames and batches (``mostly`` is
+   judged on the totals). Key uniqueness, the one check across frames, comes from the keys'
+   hashes counted by range of the hash space, the recurring ones confirmed on the keys
+   (``duplicated_key_hashes``). Memory is bounded by a frame, not by the table.
    A partitioned table may instead be checked bucket by bucket wherever the caller runs them
    (``map_parts``: the flows' task runner, on Ray or several local workers), each bucket
    (``TablePart``) numbered and framed as the whole table's reader would, so combining the parts'
@@ -66,12 +67,12 @@ from validation.report import (
 from validation.suites import RAW_ID_COLUMNS, TableSuite, all_suites, schema_suite
 
 BATCH_ROWS = 1_000_000  # rows of a GE batch, at most (and of a raw table's chunk)
+RAW_CHUNK_ROWS = 200_000  # rows of a raw table read at a time where its files are not all Parquet
 FRAME_ROWS = 1_000_000  # rows of a lake table in memory at once (GE sees them BATCH_ROWS at a time)
 # and at most this many bytes of them, as Parquet counts them uncompressed: a table of long texts
 # (records, a few KB a row) comes in frames and GE batches of fewer rows than a narrow one
 FRAME_BYTES = 96 * 2**20
 BATCH_BYTES = 96 * 2**20
-DUCKDB_MEMORY = "1GB"  # the key-uniqueness aggregate spills to disk beyond this
 ROW, FILE, FILE_ROW = "__gate_row", "__gate_file", "__gate_file_row"
 
 
@@ -235,19 +236,41 @@ def uncompressed_row_bytes(files: Sequence[Path], columns: Sequence[str]) -> flo
 
 
 def duplicated_key_hashes(files: Sequence[Path], suite: TableSuite) -> pl.Series:
-    """``key_hash`` of every key that occurs more than once in the table, by a DuckDB aggregate over
-    its files (bounded memory: DuckDB spills to disk past its limit)."""
-    import duckdb
-
+    """``key_hash`` of every key that occurs more than once in the table. The keys' hashes are
+    counted one range of the hash space at a time (``recurring_hashes``); the few rows whose hash
+    recurs are then read again and grouped by the key itself, so two keys that share a hash are
+    not taken for a repeat. Memory holds a range and a batch, whatever the table's size."""
     keys = list(suite.keys)
-    quoted = ", ".join(f'"{k}"' for k in keys)
-    with duckdb.connect() as con:
-        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
-        every = con.read_parquet([str(f) for f in files], hive_partitioning=False)
-        repeated = every.aggregate(f"{quoted}, count(*) AS n", quoted).filter("n > 1").select(quoted).pl()
+    rows = sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+    hashes = (batch.select(key_hash(keys)).to_series() for batch in _key_batches(files, suite))
+    suspects = recurring_hashes(hashes, rows)
+    if suspects.len() == 0:
+        return suspects
+    named = key_hash(keys).is_in(suspects.implode())
+    candidates = pl.concat([batch.filter(named) for batch in _key_batches(files, suite)])
+    repeated = candidates.group_by(keys).len().filter(pl.col("len") > 1)
+    return repeated.select(key_hash(keys)).to_series()
+
+
+def _key_batches(files: Sequence[Path], suite: TableSuite) -> Iterator[pl.DataFrame]:
+    """The table's key columns, as declared, a Parquet batch of at most ``FRAME_ROWS`` rows at a time."""
     declared = polars_schema(suite.schema)
-    typed = repeated.select(pl.col(k).cast(declared[k]) for k in keys)
-    return typed.select(key_hash(keys)).to_series()
+    for path in files:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=FRAME_ROWS, columns=list(suite.keys)):
+            yield pl.from_arrow(batch).select(pl.col(k).cast(declared[k]) for k in suite.keys)
+
+
+def recurring_hashes(hashes: Iterable[pl.Series], rows: int) -> pl.Series:
+    """The values that occur more than once among ``hashes`` (about ``rows`` in all), counted one
+    range of the hash space at a time; past a range they wait on disk meanwhile (a big bundle's
+    feed cards are hundreds of millions of rows)."""
+    from transforms.ingest.duplicate_ids import RANGE_HASHES, IdHashes, repeated_hashes
+
+    with tempfile.TemporaryDirectory(prefix="trajforge-gate-keys-") as folder:
+        kept = IdHashes.on_disk(Path(folder), rows) if rows > RANGE_HASHES else IdHashes()
+        for chunk in hashes:
+            kept.add(chunk)
+        return repeated_hashes(kept.by_range())
 
 
 def unique_helper(suite: TableSuite, repeated: pl.Series | None) -> list[pl.Expr]:
@@ -750,30 +773,36 @@ class RawBundle:
         self.unit, self.chunk_rows = settings.timestamp_unit, chunk_rows
         self.pseudonymize = Pseudonymizer(settings.rekey_key)
 
+    def rows_at_once(self, table: str) -> int:
+        """Rows of ``table`` read at a time: at most ``chunk_rows``, and no more than ``BATCH_BYTES``
+        of them as the Parquet footers count them uncompressed (a chunk is held more than once while
+        it is typed and checked); ``RAW_CHUNK_ROWS`` where a file is not Parquet (its rows' size is
+        unknown until read)."""
+        from transforms.readers import file_format, raw_table_files
+
+        files = raw_table_files(self.root, table)
+        if any(file_format(path) != "parquet" for path in files):
+            return min(self.chunk_rows, RAW_CHUNK_ROWS)
+        names = {name for path in files for name in pq.ParquetFile(path).schema_arrow.names}
+        row_bytes = uncompressed_row_bytes(files, sorted(names))
+        return max(1, min(self.chunk_rows, int(BATCH_BYTES // max(row_bytes, 1.0))))
+
     def frames(self, table: str) -> Iterator[pl.DataFrame]:
         """The table's typed chunks, locators renamed for the gate."""
         from transforms.readers import read_tables
 
-        chunks = read_tables(
-            self.root, [table], self.unit, self.pseudonymize, self.chunk_rows, only=self.only
-        )
+        chunk_rows = self.rows_at_once(table)
+        chunks = read_tables(self.root, [table], self.unit, self.pseudonymize, chunk_rows, only=self.only)
         for chunk in chunks:
             if chunk.frame.width and chunk.frame.height:
                 yield located_raw_rows(chunk.frame)
 
     def duplicated_keys(self, keys: Sequence[str], table: str) -> pl.Series:
-        """Hashes of the keys that occur more than once in the whole table, counted one range of the
-        hash space at a time; a table of more than a range keeps its hashes on disk meanwhile (a
-        big bundle's feed cards are hundreds of millions of rows)."""
-        from transforms.ingest.duplicate_ids import RANGE_HASHES, IdHashes, repeated_hashes
+        """Hashes of the keys that occur more than once in the whole table (``recurring_hashes``)."""
         from transforms.readers import estimated_rows
 
-        expected = estimated_rows(self.root, table)
-        with tempfile.TemporaryDirectory(prefix="trajforge-gate-keys-") as folder:
-            kept = IdHashes.on_disk(Path(folder), expected) if expected > RANGE_HASHES else IdHashes()
-            for frame in self.frames(table):
-                kept.add(frame.select(key_hash(keys)).to_series())
-            return repeated_hashes(kept.by_range())
+        hashes = (frame.select(key_hash(keys)).to_series() for frame in self.frames(table))
+        return recurring_hashes(hashes, estimated_rows(self.root, table))
 
     def prepared(self, suite: TableSuite) -> Iterator[pl.DataFrame]:
         """Chunks ready for GE, ``_key_unique`` judged against the whole table."""

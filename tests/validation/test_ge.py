@@ -86,3 +86,25 @@ def test_a_ge_batch_holds_at_most_its_rows_and_its_bytes(monkeypatch):
     assert [i for b in by_bytes for i in b.index] == list(range(500, 600))
     monkeypatch.setattr(gate, "BATCH_BYTES", 2**40)
     assert [len(b) for b in gate.batches(suite, frame, batch_rows=60)] == [60, 40]
+
+
+def test_repeated_keys_are_counted_by_hash_range_and_confirmed_on_the_keys(tmp_path, monkeypatch):
+    from transforms.ingest import duplicate_ids
+
+    monkeypatch.setattr(duplicate_ids, "RANGE_HASHES", 64)  # 600 keys: hashes on disk, in ranges
+    monkeypatch.setattr(gate, "FRAME_ROWS", 50)  # Parquet batches of 50 rows
+    # a weak hash (eight values) makes most keys share a hash with another: only real repeats count
+    monkeypatch.setattr(gate, "key_hash", lambda keys: pl.struct(list(keys)).hash(7) % 8)
+    sessions = [f"s{k // 3}" for k in range(600)]
+    items = [f"i{k % 3}" for k in range(600)]
+    frame = pl.DataFrame({"session_id": sessions, "item_id": items, "rank": range(600)})
+    repeats = frame.slice(10, 2).vstack(frame.slice(500, 1))  # keys 10, 11 and 500 twice
+    files = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
+    frame.write_parquet(files[0], row_group_size=70)
+    repeats.vstack(repeats.slice(0, 1)).write_parquet(files[1])  # key 10 three times in all
+    suite = TableSuite("cards", "cards", frame.to_arrow().schema, ("session_id", "item_id"), ())
+    found = gate.duplicated_key_hashes(files, suite)
+    expected = repeats.select(gate.key_hash(["session_id", "item_id"])).to_series()
+    assert sorted(found.to_list()) == sorted(expected.to_list())
+    # no repeat at all: nothing, whatever the hashes share
+    assert gate.duplicated_key_hashes(files[:1], suite).len() == 0
