@@ -246,6 +246,13 @@ def test_feed_view_runs_merge_across_files_and_refuse_split_views(tmp_path):
     assert runs["page_view_id"].null_count() == 1  # the card without a view, a run of its own
     write_bundle(cross_part_bundle(), tmp_path / "mixed")  # view c's stray card after d's cards
     assert feeds_in_place._feed_view_runs(tmp_path / "mixed", 4) is None
+    # item ids that are not strings would be typed on the way: they cannot be read ahead as they lie
+    second = raw / "feeds" / "part-1.parquet"
+    cards = pq.read_table(second)
+    at = cards.schema.get_field_index("item_id")
+    numbered = cards.set_column(at, "item_id", pa.array(range(cards.num_rows), pa.int64()))
+    pq.write_table(numbered, second)
+    assert feeds_in_place._feed_view_runs(raw, 4) is None
 
 
 class ItemChunks(IngestSettings):

@@ -15,8 +15,8 @@ Two passes, so memory is bounded by a part, not by the bundle:
    events are spilled by that map. ``items`` that make one chunk stay in memory, their ids and
    image refs keyed in the writer thread meanwhile; items that make several are left to pass 2,
    which reads them once (their text is too large to keep or spill), after a read of their id
-   column alone for the duplicate check. Profiles stay in memory; history stays there too unless the parts are
-   spilled, when it is spilled beside them and read back a file at a time. The event ids' hashes
+   column alone for the duplicate check. Profiles stay in memory; history stays there too unless
+   the parts are spilled, when it is spilled beside them and read back a file at a time. The event ids' hashes
    of a spilled bundle go to disk as they are read, by range of the hash space
    (``duplicate_ids.IdHashes``), and the distinct users and named items are merged as they come.
 2. *align*: items are checked and written chunk by chunk, leaving a compact item index (ids
@@ -24,12 +24,12 @@ Two passes, so memory is bounded by a part, not by the bundle:
    parts keeps that index on disk, in shards by hash (``item_shards``), and each part takes from
    it only the items its rows name, so no process holds the whole catalog's; where the parts' rows
    lie on disk, a group of parts takes its items in one sweep over the shards, a group ahead of the
-   parts aligning (``lookups_ahead``). Then, part by part, the
-   checks and the step alignment of ``transforms.align`` run on the part's page views
-   (``alignment``, pure), and its rows are pseudonymized (``keying``) and added to the staged
-   tables as ``part-<p>.parquet`` files (``run``). Given a map over parts (the flows' Ray or local
-   workers), each part is a task of its own instead, reading the shared context and its rows from
-   files under the spill (``part_tasks``); the lake is the same, file for file.
+   parts aligning (``lookups_ahead``). Then, part by part, the checks and the step alignment of
+   ``transforms.align`` run on the part's page views (``alignment``, pure), and its rows are
+   pseudonymized (``keying``) and added to the staged tables as ``part-<p>.parquet`` files
+   (``run``). Given a map over parts (the flows' Ray or local workers), each part is a task of its
+   own instead, reading the shared context and its rows from files under the spill
+   (``part_tasks``); the lake is the same, file for file.
 
 Part size: ``IngestSettings.spill_part_rows`` feed + event rows per part (750,000: a few parts
 at UserArena scale, kept in memory; one for small bundles). Two parts align at once, so the part

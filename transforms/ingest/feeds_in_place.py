@@ -118,13 +118,16 @@ def _feed_view_runs(root: Path, chunk_rows: int) -> tuple[pl.DataFrame, dict[str
         for path in chunk.paths:
             if file_format(path) != "parquet":
                 return None
-            bases.setdefault(path.relative_to(root).as_posix(), offset)
+            name = path.relative_to(root).as_posix()
+            first = name not in bases  # a file's footer is read once, for its first chunk
+            bases.setdefault(name, offset)
             scan = pl.scan_parquet(path, hive_partitioning=False).select("page_view_id")
             try:
                 column = (scan.slice(*chunk.rows) if chunk.rows else scan).collect().to_series()
+                ids = pl.read_parquet_schema(path).get("item_id") if first else pl.String
             except Exception:  # unreadable, or no such column: the spilled path reports it
                 return None
-            if column.dtype != pl.String or pl.read_parquet_schema(path).get("item_id") != pl.String:
+            if column.dtype != pl.String or ids != pl.String:
                 return None  # (string ids pass the typing as they are, so they can be read ahead)
             pieces.append(column.rle().struct.unnest())
             offset += column.len()
