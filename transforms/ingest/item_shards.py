@@ -94,7 +94,9 @@ class ItemShards:
             acted = [hashes.slice(*span[shard]) for (_, hashes), (_, span) in zip(probes, spans, strict=True)]
             cards = _rows_by_part(table, CARD_COLUMNS, named)
             described = _rows_by_part(table, table.columns, acted)
-            yield [_with_acted_on(c, d, table.columns) for c, d in zip(cards, described, strict=True)]
+            columns = table.columns
+            del table  # unmapped before the caller writes these rows: one shard's pages at a time
+            yield [_with_acted_on(c, d, columns) for c, d in zip(cards, described, strict=True)]
 
     def _hashes(self, ids: tuple[pl.Series, ...] | list[pl.Series]) -> pl.Series:
         """The distinct sort hashes of ``ids`` (id columns, or lists of ids; nulls skipped), sorted."""
