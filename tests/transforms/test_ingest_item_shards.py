@@ -185,3 +185,21 @@ def test_lookups_ahead_give_each_part_its_index_and_leave_no_files(tmp_path, mon
     finally:
         ahead.close()
     assert not (tmp_path / "lookups").exists()
+
+
+def test_a_part_index_holds_no_mapping_of_its_group_files(tmp_path, monkeypatch):
+    # a frame over a mapped file keeps the mapping and every page the part touched resident for as
+    # long as the part lives; the part's index must be memory of its own
+    monkeypatch.setattr(item_shards, "SHARD_ITEMS", 64)
+    rows = catalog(500)
+    shards = sharded(rows, tmp_path / "shards", chunk=150)
+    parts = some_parts(rows["item_id"].to_list(), 2, seed=5)
+    ahead = lookups_ahead.LookupsAhead(shards, parts.__getitem__, 2, 2, tmp_path / "lookups")
+    try:
+        index = ahead.index(0)
+        assert any((tmp_path / "lookups").rglob("shard-*.arrow"))  # part 1 has yet to take its own
+        mapped = Path("/proc/self/maps").read_text()
+        assert str(tmp_path / "lookups") not in mapped
+        assert index.frame.equals(shards.index_for(parts[0]).frame)
+    finally:
+        ahead.close()

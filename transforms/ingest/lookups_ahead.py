@@ -6,8 +6,10 @@ looked up one at a time, the parts' lookups grow with the parts times the catalo
 walks the shards once instead (``ItemShards.sweep``), their hashes searched as one sorted stream;
 ``group_size`` parts, enough that together they name a set share of the catalog. A thread of its
 own sweeps the next group while the current one aligns; a group's indexes wait on disk, in its
-folder (one Arrow file per shard, the parts' rows one after another), until each of its parts has
-taken its own, and the folder goes.
+folder (one Arrow file per shard, each part's rows record batches of their own), until each of its
+parts has taken its own, and the folder goes. A part reads its batches into memory of its own, not
+through a mapping: a frame over a mapped file holds the mapping (string views point into it) and,
+stacked into the index, all the pages the part touched, for as long as the part lives.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from transforms.files import atomic_file
 from transforms.ingest.item_index import ItemIndex, indexed
-from transforms.ingest.item_shards import ItemShards, PartNames, mapped_frame
+from transforms.ingest.item_shards import ItemShards, PartNames
 
 MAX_GROUP = 16  # parts whose lookups share one sweep over the shards, at most
 # a group's parts name together about this share of the catalog. A part of a smaller catalog names
@@ -31,7 +35,8 @@ MAX_GROUP = 16  # parts whose lookups share one sweep over the shards, at most
 # the group's merge and its files
 GROUP_SHARE = 1 / 8
 
-#: per shard, where each part of a group starts in that shard's file (and where the last ends)
+#: per shard, the record batch each part of a group starts at in that shard's file (and where the
+#: last part ends)
 Offsets = list[list[int]]
 
 
@@ -68,12 +73,10 @@ class LookupsAhead:
         offsets = sweep.result()
         folder = self._group_folder(group)
         pieces = [
-            mapped_frame(folder / f"shard-{shard:05d}.arrow").slice(
-                starts[place], starts[place + 1] - starts[place]
-            )
+            _read_batches(folder / f"shard-{shard:05d}.arrow", starts[place], starts[place + 1])
             for shard, starts in enumerate(offsets)
         ]
-        index = indexed(pl.concat(pieces).rechunk(), self.shards.seed)  # copied: the files can go
+        index = indexed(pl.concat(pieces).rechunk(), self.shards.seed)
         del pieces
         self._taken(group)
         return index
@@ -100,9 +103,14 @@ class LookupsAhead:
         offsets = []
         named = (self.names(p) for p in self._members(group))
         for shard, rows in enumerate(self.shards.sweep(named)):
-            offsets.append([0, *itertools.accumulate(frame.height for frame in rows)])
-            with atomic_file(folder / f"shard-{shard:05d}.arrow") as tmp:
-                pl.concat(rows).write_ipc(tmp, compression="uncompressed")
+            batches = [frame.rechunk().to_arrow().to_batches() for frame in rows]
+            offsets.append([0, *itertools.accumulate(len(b) for b in batches)])
+            with (
+                atomic_file(folder / f"shard-{shard:05d}.arrow") as tmp,
+                ipc.new_file(str(tmp), _batches_schema(rows)) as writer,
+            ):
+                for batch in itertools.chain.from_iterable(batches):
+                    writer.write_batch(batch)
         return offsets
 
     def _taken(self, group: int) -> None:
@@ -113,3 +121,16 @@ class LookupsAhead:
                 return
             del self.groups[group]
         shutil.rmtree(self._group_folder(group), ignore_errors=True)
+
+
+def _batches_schema(rows: list[pl.DataFrame]) -> pa.Schema:
+    """The Arrow schema of a shard's rows for a group's parts (the same for every part)."""
+    return rows[0].head(0).to_arrow().schema
+
+
+def _read_batches(path: Path, start: int, end: int) -> pl.DataFrame:
+    """Record batches [start, end) of an Arrow IPC file, read into memory of their own."""
+    with pa.OSFile(str(path)) as source:
+        reader = ipc.open_file(source)
+        batches = [reader.get_batch(i) for i in range(start, end)]
+        return pl.from_arrow(pa.Table.from_batches(batches, schema=reader.schema))
