@@ -343,6 +343,12 @@ def _row_number(index: Any) -> int:
     return int(index[ROW]) if isinstance(index, dict) else int(index)
 
 
+def _failing_rows(result: dict[str, Any]) -> list[Any]:
+    """Every failing row of a row-level check's result; the first few of any other's."""
+    listed = result.get("unexpected_index_list")
+    return listed if listed is not None else result.get("partial_unexpected_index_list") or []
+
+
 def combine(suite: TableSuite, results: list[Any]) -> list[CheckOutcome]:
     """Outcomes per check over all batches; map expectations judged on total counts."""
     grouped = _by_check(results)
@@ -358,7 +364,7 @@ def combine(suite: TableSuite, results: list[Any]) -> list[CheckOutcome]:
             o.evaluated = sum(r.get("element_count") or 0 for r in counted)
             missing = sum(r.get("missing_count") or 0 for r in counted)
             o.unexpected = sum(r["unexpected_count"] or 0 for r in counted)
-            o.rows = [_row_number(i) for r in counted for i in (r.get("unexpected_index_list") or [])]
+            o.rows = [_row_number(i) for r in counted for i in _failing_rows(r)]
             nonmissing = o.evaluated - missing
             mostly = float(c.kwargs.get("mostly", 1.0))
             o.success = o.unexpected == 0 or (nonmissing > 0 and 1 - o.unexpected / nonmissing >= mostly)
@@ -550,7 +556,8 @@ def check_frames(
     one frame in memory."""
     checked = CheckedRows([], {}, 0)
     for frame in frames:
-        part = runner.validate(suite, batches(suite, frame, batch_rows), first=len(checked.results))
+        first = runner.batches_of(suite, checked.results)
+        part = runner.validate(suite, batches(suite, frame, batch_rows), first=first)
         found = combine(suite, part)
         for o in found:
             o.success = o.success and not o.rows  # a check judged on the totals keeps its examples

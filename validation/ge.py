@@ -43,12 +43,19 @@ from validation.suites import Check, Cond, TableSuite
 pandas_execution_engine.HASH_THRESHOLD = 0
 
 SITE = "trajforge"
-#: COMPLETE gives every failing row's index (needed for routing); no index query strings.
+PARTIAL = 20  # failing values and row indexes a result lists, where it does not list them all
+#: row-level checks: COMPLETE gives every failing row's index (routing needs them all); no index
+#: query strings
 RESULT_FORMAT: dict[str, Any] = {
     "result_format": "COMPLETE",
-    "partial_unexpected_count": 20,
+    "partial_unexpected_count": PARTIAL,
     "return_unexpected_index_query": False,
 }
+#: every other check: counts and the first failing rows. A check judged on a share (``mostly``)
+#: can fail most rows by design, and every index listed costs GE a Python dict, held for the run's
+#: Data Docs: listed whole, the gate's memory would grow with the table
+SUMMARY_FORMAT: dict[str, Any] = {"result_format": "SUMMARY", "partial_unexpected_count": PARTIAL}
+ROW_SUITE_SUFFIX = ".rows"  # the GE suite of a table suite's row-level checks
 
 _OPS = {
     "==": operator.eq,
@@ -129,45 +136,68 @@ class Runner:
         self.source = self.context.data_sources.add_pandas("lake")
         self.run_id = run_id
         self.docs_dir = docs_dir
-        self._checkpoints: dict[str, gx.Checkpoint] = {}
+        self._checkpoints: dict[str, list[gx.Checkpoint]] = {}
 
-    def _checkpoint(self, suite: TableSuite) -> gx.Checkpoint:
+    def _suite_checkpoints(self, suite: TableSuite) -> list[gx.Checkpoint]:
+        """The checkpoints of ``suite``: its row-level checks (every failing row listed) and the others
+        (counts and a few rows), each a GE suite of its own where it has checks."""
         if suite.name not in self._checkpoints:
-            meta = {"version": suite.version, "table": suite.table, "doc": suite.doc}
-            # all expectations at once: add_expectation() persists the suite once per call
-            expectations = [expectation(c) for c in suite.checks]
-            ge_suite = self.context.suites.add(
-                gx.ExpectationSuite(name=suite.name, meta=meta, expectations=expectations)
-            )
-            batch = self.source.add_dataframe_asset(suite.name).add_batch_definition_whole_dataframe("batch")
-            definition = self.context.validation_definitions.add(
-                gx.ValidationDefinition(data=batch, suite=ge_suite, name=suite.name)
-            )
-            self._checkpoints[suite.name] = self.context.checkpoints.add(
-                gx.Checkpoint(
-                    name=suite.name,
-                    validation_definitions=[definition],
-                    actions=[],  # Data Docs are built once per gate run: see build_docs
-                    result_format=RESULT_FORMAT,
-                )
-            )
+            rows = [c for c in suite.checks if c.level == "row"]
+            totals = [c for c in suite.checks if c.level != "row"]
+            parts = [
+                (suite.name, totals, SUMMARY_FORMAT),
+                (suite.name + ROW_SUITE_SUFFIX, rows, RESULT_FORMAT),
+            ]
+            self._checkpoints[suite.name] = [
+                self._checkpoint(suite, name, checks, result_format)
+                for name, checks, result_format in parts
+                if checks
+            ]
         return self._checkpoints[suite.name]
 
+    def _checkpoint(
+        self, suite: TableSuite, name: str, checks: Sequence[Check], result_format: dict[str, Any]
+    ) -> gx.Checkpoint:
+        meta = {"version": suite.version, "table": suite.table, "doc": suite.doc}
+        # all expectations at once: add_expectation() persists the suite once per call
+        expectations = [expectation(c) for c in checks]
+        ge_suite = self.context.suites.add(
+            gx.ExpectationSuite(name=name, meta=meta, expectations=expectations)
+        )
+        batch = self.source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("batch")
+        definition = self.context.validation_definitions.add(
+            gx.ValidationDefinition(data=batch, suite=ge_suite, name=name)
+        )
+        return self.context.checkpoints.add(
+            gx.Checkpoint(
+                name=name,
+                validation_definitions=[definition],
+                actions=[],  # Data Docs are built once per gate run: see build_docs
+                result_format=result_format,
+            )
+        )
+
     def validate(self, suite: TableSuite, batches: Iterable[pd.DataFrame], first: int = 0) -> list[Any]:
-        """One ExpectationSuiteValidationResult per batch; ``first`` numbers the batches of a table
-        validated in several calls (chunk by chunk)."""
-        checkpoint = self._checkpoint(suite)
+        """An ExpectationSuiteValidationResult per batch and checkpoint of ``suite`` (its row-level
+        checks and the others); ``first`` numbers the batches of a table validated in several calls
+        (chunk by chunk)."""
+        checkpoints = self._suite_checkpoints(suite)
         results = []
         for number, frame in enumerate(batches, start=first):
             run = RunIdentifier(run_name=f"{self.run_id}-batch{number}")
-            outcome = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=run)
-            results.extend(outcome.run_results.values())
+            for checkpoint in checkpoints:
+                outcome = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=run)
+                results.extend(outcome.run_results.values())
         return results
+
+    def batches_of(self, suite: TableSuite, results: Sequence[Any]) -> int:
+        """How many batches ``validate`` returned ``results`` for."""
+        return len(results) // max(len(self._suite_checkpoints(suite)), 1)
 
     def adopt(self, suite: TableSuite, results: Sequence[Any]) -> None:
         """Results of ``suite`` validated by another runner (a gate's part in another process), kept
         in this context so its Data Docs show them."""
-        self._checkpoint(suite)
+        self._suite_checkpoints(suite)
         store = self.context.validation_results_store
         for result in results:
             batch = result.meta["active_batch_definition"]

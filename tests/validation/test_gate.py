@@ -20,6 +20,7 @@ from transforms.lake import Staging, read_lake_table, table_files
 from transforms.schemas import RATIONALES, polars_schema
 from validation.gate import TablePart, check_part, loss_outcomes, quarantine_stage, run_gate
 from validation.report import GateError, GateSummary
+from validation.suites import all_suites
 
 
 def _broken_frames() -> dict[str, pl.DataFrame]:
@@ -80,7 +81,10 @@ def test_clean_lake_only_warns_about_split_shares_of_two_users(clean: GateSummar
 def test_results_and_summary_json_are_written(clean: GateSummary):
     results = json.loads(Path(clean.results_path).read_text())
     suites = {r["meta"]["active_batch_definition"]["data_asset_name"] for r in results}
-    assert suites == {f"{t}{s}" for t in clean.tables for s in ("", ".schema")}
+    # a table's row-level checks (history's) are a GE suite of their own, every failing row listed
+    with_rows = {t for t in clean.tables if any(c.level == "row" for c in all_suites()[t].checks)}
+    assert with_rows == {"history"}
+    assert suites == {f"{t}{s}" for t in clean.tables for s in ("", ".schema")} | {"history.rows"}
     summary = json.loads((Path(clean.results_path).parent / "summary.json").read_text())
     assert summary["ok"] is True and summary["run_id"] == clean.run_id
     assert all(t["balanced"] for t in summary["tables"].values())

@@ -12,8 +12,8 @@ import pytest
 
 from validation import gate
 from validation.gate import ROW
-from validation.ge import Runner, numpy_exact, to_pandas
-from validation.suites import TableSuite, between, not_null
+from validation.ge import PARTIAL, ROW_SUITE_SUFFIX, Runner, numpy_exact, to_pandas
+from validation.suites import TableSuite, between, in_set, not_null
 
 
 def test_numeric_columns_go_to_numpy_only_where_exact():
@@ -65,10 +65,35 @@ def test_range_checks_flag_the_same_rows_whichever_way_a_column_travels(column):
     check = between(f"{column}_non_negative", column, "never negative", 0)
     suite = TableSuite("ranges", "ranges", frame.drop("__row").to_arrow().schema, (), (check,))
     [result] = Runner(None, "test").validate(suite, [to_pandas(frame, "__row")])
-    flagged = sorted(i["__row"] for i in result.results[0].result["unexpected_index_list"])
+    flagged = sorted(i["__row"] for i in result.results[0].result["partial_unexpected_index_list"])
     # independent reference: a value below 0 fails, a null is not judged, NaN compares false
     expected = [100 + k for k, v in enumerate(values) if v is not None and not v >= 0]
     assert flagged == expected
+
+
+def test_only_row_level_checks_list_every_failing_row():
+    # a share check fails most rows by design: its result counts them and lists a few, while a
+    # row-level check, whose rows the gate routes, lists every one
+    frame = pl.DataFrame({"split": ["train"] * 90 + ["val"] * 10, ROW: range(1_000, 1_100)})
+    share = in_set("val_share_min", "split", ["val"], "at least 5% are val", mostly=0.05, severity="warn")
+    routed = in_set("train_only", "split", ["train"], "train rows only", severity="warn", level="row")
+    suite = TableSuite("shares", "shares", frame.drop(ROW).to_arrow().schema, (), (share, routed))
+    runner = Runner(None, "test")
+    results = runner.validate(suite, [to_pandas(frame, ROW)] * 2, first=7)
+    assert [r.suite_name for r in results] == ["shares", "shares" + ROW_SUITE_SUFFIX] * 2
+    assert runner.batches_of(suite, results) == 2
+    assert {r.meta["run_id"].run_name for r in results} == {"test-batch7", "test-batch8"}
+    by_check = {r.expectation_config.meta["check"]: r.result for r in results[0].results + results[1].results}
+    assert by_check["val_share_min"]["unexpected_count"] == 90
+    assert "unexpected_index_list" not in by_check["val_share_min"]
+    assert len(by_check["val_share_min"]["partial_unexpected_index_list"]) == PARTIAL
+    assert sorted(i[ROW] for i in by_check["train_only"]["unexpected_index_list"]) == list(
+        range(1_090, 1_100)
+    )
+    outcomes = {o.check: o for o in gate.combine(suite, results)}
+    assert outcomes["val_share_min"].success and outcomes["val_share_min"].unexpected == 180
+    assert not outcomes["train_only"].success and outcomes["train_only"].routes
+    assert sorted(outcomes["train_only"].rows) == sorted(list(range(1_090, 1_100)) * 2)
 
 
 def test_a_ge_batch_holds_at_most_its_rows_and_its_bytes(monkeypatch):
