@@ -48,6 +48,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from transforms.config import IngestSettings
@@ -73,6 +74,7 @@ FRAME_ROWS = 1_000_000  # rows of a lake table in memory at once (GE sees them B
 # (records, a few KB a row) comes in frames and GE batches of fewer rows than a narrow one
 FRAME_BYTES = 96 * 2**20
 BATCH_BYTES = 96 * 2**20
+SPLIT_BUFFER_BYTES = 64 * 2**20  # a bucket's rows held while it is split by session, at most
 ROW, FILE, FILE_ROW = "__gate_row", "__gate_file", "__gate_file_row"
 
 
@@ -206,10 +208,17 @@ class LakeTableReader:
         return pl.concat([self._located(self._scan(f), f) for f in files], how="vertical_relaxed").collect()
 
     def _split_sessions(self, files: list[Path], parts: int) -> Iterator[pl.DataFrame]:
-        scans = [self._located(self._scan(f), f) for f in files]
-        for part in range(parts):
-            chosen = pl.col("session_id").hash(KEY_SEED) % parts == part
-            yield pl.concat([scan.filter(chosen) for scan in scans], how="vertical_relaxed").collect()
+        """A bucket's rows in ``parts`` frames by a hash of the session id, each in file order. The
+        files are read once, each row written to its frame's file on disk, and the frames read back
+        one at a time: read once per frame, a bucket of many files would go through the allocator
+        ``parts`` times over, most of it only to be filtered out."""
+        with tempfile.TemporaryDirectory(prefix="trajforge-gate-sessions-") as folder:
+            paths = [Path(folder) / f"frame-{part:05d}.arrow" for part in range(parts)]
+            schema = _split_by_session(
+                (self._located(self._scan(f), f).collect() for f in files), parts, paths
+            )
+            for path in paths:
+                yield _read_frame(path, schema)
 
     def prepared(self, unique: Sequence[pl.Expr], first_row: int = 0) -> Iterator[pl.DataFrame]:
         """The frames with the suite's helpers and ``ROW`` numbered over the whole table (``first_row``:
@@ -218,6 +227,50 @@ class LakeTableReader:
         for frame in self.frames():
             yield with_check_columns(self.suite, frame, rows, unique)
             rows += frame.height
+
+
+def _split_by_session(frames: Iterable[pl.DataFrame], parts: int, paths: Sequence[Path]) -> pl.Schema | None:
+    """Each row of ``frames`` appended to ``paths[hash(session_id) % parts]`` (Arrow IPC, LZ4), in
+    order; the frames' schema (the first frame's, the others cast to it), None without frames.
+    Rows wait in memory until ``SPLIT_BUFFER_BYTES`` of them have gathered, so a frame's file holds
+    a few large record batches, not one per file read."""
+    writers: dict[int, ipc.RecordBatchFileWriter] = {}
+    waiting: dict[int, list[pl.DataFrame]] = {}
+    schema, held = None, 0
+
+    def flush() -> None:
+        for part, rows in waiting.items():
+            # plain Arrow strings: a string view keeps every string buffer it came from
+            table = pl.concat(rows).to_arrow()
+            if part not in writers:
+                options = ipc.IpcWriteOptions(compression="lz4")
+                writers[part] = ipc.new_file(str(paths[part]), table.schema, options=options)
+            writers[part].write_table(table)
+        waiting.clear()
+
+    try:
+        for frame in frames:
+            schema = schema or frame.schema
+            split = frame.cast(dict(schema)).with_columns(
+                (pl.col("session_id").hash(KEY_SEED) % parts).alias("_frame")
+            )
+            for (part,), rows in split.partition_by("_frame", as_dict=True, include_key=False).items():
+                waiting.setdefault(part, []).append(rows)
+            held += frame.estimated_size()
+            if held > SPLIT_BUFFER_BYTES:
+                flush()
+                held = 0
+        flush()
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return schema
+
+
+def _read_frame(path: Path, schema: pl.Schema | None) -> pl.DataFrame:
+    """A frame ``_split_by_session`` wrote, decompressed into memory of its own; empty where no row
+    hashed to it."""
+    return pl.read_ipc(path).rechunk() if path.exists() else pl.DataFrame(schema=schema)
 
 
 def uncompressed_row_bytes(files: Sequence[Path], columns: Sequence[str]) -> float:
