@@ -241,7 +241,7 @@ def _split_by_session(frames: Iterable[pl.DataFrame], parts: int, paths: Sequenc
     def flush() -> None:
         for part, rows in waiting.items():
             # plain Arrow strings: a string view keeps every string buffer it came from
-            table = pl.concat(rows).to_arrow()
+            table = pl.concat(rows, rechunk=True).to_arrow()
             if part not in writers:
                 options = ipc.IpcWriteOptions(compression="lz4")
                 writers[part] = ipc.new_file(str(paths[part]), table.schema, options=options)

@@ -18,6 +18,7 @@ import pytest
 from tests.validation import lakes
 from transforms.lake import Staging, read_lake_table, table_files
 from transforms.schemas import RATIONALES, polars_schema
+from validation import gate
 from validation.gate import TablePart, check_part, loss_outcomes, quarantine_stage, run_gate
 from validation.report import GateError, GateSummary
 from validation.suites import all_suites
@@ -254,6 +255,39 @@ def test_steps_read_in_frames_of_whole_sessions_judge_each_session_whole(tmp_pat
     assert contiguous.unexpected == 3  # s1's steps 3, 4, 5 are no longer at their rank
 
 
+def test_a_bucket_split_by_session_reads_each_file_once_and_keeps_file_order(tmp_path: Path, monkeypatch):
+    # the frames of a bucket split by session hash: each file read once, each frame the rows of its
+    # sessions in file order, as if every file were filtered to them; a frame no session hashes
+    # to comes back empty with the table's columns
+    files = [
+        pl.DataFrame(
+            {"session_id": [f"s{(k * 7 + i) % 23}" for i in range(40)], "n": range(k * 40, k * 40 + 40)}
+        )
+        for k in range(5)
+    ]
+    read: list[int] = []
+
+    def frames():
+        for k, frame in enumerate(files):
+            read.append(k)
+            yield frame
+
+    monkeypatch.setattr(gate, "SPLIT_BUFFER_BYTES", files[0].estimated_size() * 2)  # flushed twice on the way
+    parts = 40  # more frames than sessions: some stay empty
+    paths = [tmp_path / f"frame-{k}.arrow" for k in range(parts)]
+    schema = gate._split_by_session(frames(), parts, paths)
+    assert read == [0, 1, 2, 3, 4] and schema == files[0].schema
+    whole = pl.concat(files)
+    chosen = pl.col("session_id").hash(gate.KEY_SEED) % parts
+    for k, path in enumerate(paths):
+        frame = gate._read_frame(path, schema)
+        assert frame.equals(whole.filter(chosen == k)), k
+        assert frame.schema == schema
+    assert any(gate._read_frame(path, schema).height == 0 for path in paths)
+    written = [p for p in paths if p.exists()]
+    assert max(pa.ipc.open_file(str(p)).num_record_batches for p in written) < len(files)  # rows gathered
+
+
 def test_mostly_is_judged_on_all_batches(tmp_path: Path):
     frames = lakes.frames()
     profiles = frames["profiles"].with_columns(
@@ -462,7 +496,6 @@ def test_raw_suites_report_without_raw_ids(tmp_path: Path):
 
 
 def test_frames_and_ge_batches_of_a_wide_table_are_bounded_by_bytes(tmp_path: Path, monkeypatch):
-    from validation import gate
     from validation.suites import all_suites
 
     lake = _history_with_two_bad_rows(tmp_path)
