@@ -240,7 +240,7 @@ def _split_by_session(frames: Iterable[pl.DataFrame], parts: int, paths: Sequenc
 
     def flush() -> None:
         for part, rows in waiting.items():
-            # plain Arrow strings: a string view keeps every string buffer it came from
+            # partition_by gathers each piece's rows, so its string views hold only their own strings
             table = pl.concat(rows, rechunk=True).to_arrow()
             if part not in writers:
                 options = ipc.IpcWriteOptions(compression="lz4")
